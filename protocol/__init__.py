@@ -1,0 +1,1 @@
+"""Wire protocol shared by the router, workers and the kvstore: messages, codec, sockets."""

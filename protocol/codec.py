@@ -1,0 +1,86 @@
+"""msgpack encoding of `protocol.messages`, with tensor payloads as extra ZMQ frames.
+
+A message goes on the wire as `[body, *frames]`: `body` is a msgpack map holding the
+dataclass fields plus its `type` tag; `frames` are raw buffers (tensor bytes) that ZMQ
+sends without copying. A message that owns tensors describes them in its fields (shape,
+dtype, frame index); the codec only carries the bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from protocol.errors import ProtocolError
+from protocol.messages import MESSAGE_TYPES, Message
+
+Buffer = bytes | bytearray | memoryview
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_plain(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _nested_fields(cls: type) -> dict[str, type]:
+    """Fields of `cls` whose type is itself a dataclass (possibly `X | None`)."""
+    nested: dict[str, type] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        candidates = typing.get_args(hint) or (hint,)
+        for candidate in candidates:
+            if dataclasses.is_dataclass(candidate):
+                nested[name] = candidate
+    return nested
+
+
+def _from_plain(cls: type, data: dict[str, Any]) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {k: v for k, v in data.items() if k in known}
+    for name, sub in _nested_fields(cls).items():
+        if isinstance(kwargs.get(name), dict):
+            kwargs[name] = _from_plain(sub, kwargs[name])
+    return cls(**kwargs)
+
+
+def encode(message: Message, frames: Sequence[Buffer] = ()) -> list[Buffer]:
+    """Message (+ tensor buffers) -> the list of ZMQ frames to send."""
+    body = _to_plain(message)
+    body["type"] = message.type
+    body["num_frames"] = len(frames)
+    return [msgpack.packb(body, use_bin_type=True), *frames]
+
+
+def decode(parts: Sequence[Buffer]) -> tuple[Message, list[Buffer]]:
+    """ZMQ frames -> (message, tensor buffers). Unknown or malformed input raises
+    `ProtocolError`, never a half-built message."""
+    if not parts:
+        raise ProtocolError("empty multipart message")
+    try:
+        body = msgpack.unpackb(parts[0], raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ProtocolError(f"undecodable message body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ProtocolError("message body is not a map")
+    tag = body.pop("type", None)
+    num_frames = body.pop("num_frames", 0)
+    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {tag!r}")
+    frames = list(parts[1:])
+    if len(frames) != num_frames:
+        raise ProtocolError(f"{tag}: expected {num_frames} extra frames, got {len(frames)}")
+    try:
+        return _from_plain(cls, body), frames
+    except TypeError as exc:
+        raise ProtocolError(f"{tag}: bad fields: {exc}") from exc

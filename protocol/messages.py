@@ -1,0 +1,240 @@
+"""Every message that crosses a process boundary in mlxd, as typed dataclasses.
+
+Each message class carries a `type` tag; `protocol.codec` turns them into msgpack maps
+and back. Tensor payloads never live in these classes' msgpack body: they travel as
+extra ZeroMQ frames, referenced by index (see `protocol.codec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+
+MESSAGE_TYPES: dict[str, type["Message"]] = {}
+
+
+@dataclass
+class Message:
+    """Base of all wire messages; subclasses register themselves under their tag."""
+
+    type: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        tag = cls.__dict__.get("type")
+        if tag:
+            if tag in MESSAGE_TYPES:
+                raise TypeError(f"duplicate message type tag {tag!r}")
+            MESSAGE_TYPES[tag] = cls
+
+
+# ---------------------------------------------------------------- handshake
+
+
+@dataclass
+class Hello(Message):
+    """Child -> parent, first message: who I am and which protocol I speak."""
+
+    type: ClassVar[str] = "hello"
+    protocol_version: int
+    role: str
+    pid: int
+
+
+@dataclass
+class WorkerConfig(Message):
+    """Parent -> worker, in answer to Hello: everything the worker needs to load."""
+
+    type: ClassVar[str] = "worker_config"
+    protocol_version: int
+    model_id: str
+    model_path: str
+    max_num_seqs: int = 8
+    max_queue: int = 64
+    prefill_chunk_tokens: int = 512
+    block_tokens: int = 256
+    hot_cache_bytes: int = 0
+    max_context_tokens: int = 0
+    default_max_tokens: int = 512
+    dtype: str = "auto"
+    heartbeat_s: float = 2.0
+
+
+@dataclass
+class Ready(Message):
+    """Worker -> parent once the model is loaded: the effective settings it runs with."""
+
+    type: ClassVar[str] = "ready"
+    protocol_version: int
+    model_id: str
+    context_length: int
+    max_num_seqs: int
+    prefill_chunk_tokens: int
+    block_tokens: int
+    dtype: str
+    device: str
+    blas: str
+    load_time_s: float
+    weights_bytes: int
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StartupFailed(Message):
+    """Worker -> parent: loading failed; the message says what to change."""
+
+    type: ClassVar[str] = "startup_failed"
+    message: str
+
+
+# ---------------------------------------------------------------- health
+
+
+@dataclass
+class Ping(Message):
+    type: ClassVar[str] = "ping"
+    nonce: int
+    sent_at: float
+
+
+@dataclass
+class Pong(Message):
+    type: ClassVar[str] = "pong"
+    nonce: int
+    sent_at: float
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+@dataclass
+class Shutdown(Message):
+    """Parent -> child: drain in-flight work until the deadline, then exit."""
+
+    type: ClassVar[str] = "shutdown"
+    drain_s: float = 5.0
+
+
+# ---------------------------------------------------------------- requests
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling; one batch may mix any of these (not a message itself)."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class AddRequest(Message):
+    """Router -> worker: start a generation.
+
+    Exactly one of `messages` (chat: the worker applies the chat template) and `prompt`
+    (completion: raw text, or token ids) is set.
+    """
+
+    type: ClassVar[str] = "add_request"
+    request_id: str
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[int] | None = None
+    tools: list[dict[str, Any]] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_salt: str | None = None
+    want_progress: bool = False
+
+
+@dataclass
+class AbortRequest(Message):
+    """Router -> worker: the client went away; free the slot now."""
+
+    type: ClassVar[str] = "abort_request"
+    request_id: str
+
+
+# ---------------------------------------------------------------- events
+
+
+@dataclass
+class PromptEvent(Message):
+    """Worker -> router: the prompt was accepted (tokenized, fits) and prefill began."""
+
+    type: ClassVar[str] = "prompt"
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass
+class ProgressEvent(Message):
+    """Worker -> router: prefill progress, for clients that asked to see it."""
+
+    type: ClassVar[str] = "progress"
+    request_id: str
+    processed_tokens: int
+    total_tokens: int
+
+
+@dataclass
+class TokenEvent(Message):
+    """Worker -> router: newly decoded text (stop strings already withheld)."""
+
+    type: ClassVar[str] = "token"
+    request_id: str
+    text: str
+    token_ids: list[int]
+    time: float = 0.0
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass
+class Timings:
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    prompt_tokens_per_s: float = 0.0
+
+
+@dataclass
+class FinishEvent(Message):
+    """Worker -> router: the request is over; the last event for its id."""
+
+    type: ClassVar[str] = "finish"
+    request_id: str
+    finish_reason: str
+    usage: Usage
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class ErrorEvent(Message):
+    """Worker -> router: the request failed; the worker lives on.
+
+    `status` and `code` map straight onto the HTTP error the client sees.
+    """
+
+    type: ClassVar[str] = "error"
+    request_id: str
+    message: str
+    status: int = 400
+    error_type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None

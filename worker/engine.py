@@ -1,0 +1,273 @@
+"""The worker's generation engine: requests in, events out, one batched step at a time.
+
+Built on mlx-lm's `BatchGenerator`, which does continuous batching: sequences join the
+running batch between decode steps and leave it when done, and long prompts are
+prefilled in chunks interleaved with decode steps of the running sequences.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
+from protocol.errors import RequestError
+from protocol.messages import (
+    AddRequest,
+    ErrorEvent,
+    FinishEvent,
+    Message,
+    ProgressEvent,
+    PromptEvent,
+    Timings,
+    TokenEvent,
+    Usage,
+    WorkerConfig,
+)
+from worker.detokenizer import IncrementalDetokenizer
+from worker.model_loader import LoadedModel
+from worker.prompts import render_chat, render_completion
+from worker.sampling import make_request_processors, make_request_sampler
+from worker.stop_strings import StopStringFilter
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Message], None]
+
+
+@dataclass
+class Sequence:
+    """One request's life inside the engine."""
+
+    request_id: str
+    uid: int
+    prompt_ids: list[int]
+    max_tokens: int
+    detokenizer: IncrementalDetokenizer
+    stop_filter: StopStringFilter
+    want_progress: bool
+    cached_tokens: int = 0
+    created_at: float = field(default_factory=time.perf_counter)
+    prefill_started_at: float | None = None
+    first_token_at: float | None = None
+    num_generated: int = 0
+
+
+class Engine:
+    """Owns the model's BatchGenerator and every sequence in it.
+
+    Invariant: `_by_uid` and `_by_request` hold exactly the sequences that the
+    BatchGenerator still holds (waiting, prefilling or decoding); every request that
+    leaves them gets exactly one terminal event (FinishEvent or ErrorEvent).
+    """
+
+    def __init__(self, loaded: LoadedModel, config: WorkerConfig, emit: Emit) -> None:
+        self._loaded = loaded
+        self._config = config
+        self._emit = emit
+        self._tokenizer = loaded.tokenizer
+        self._vocab_size = int(loaded.config.get("vocab_size") or len(self._tokenizer))
+        self.context_length = (
+            min(loaded.context_length, config.max_context_tokens)
+            if config.max_context_tokens > 0
+            else loaded.context_length
+        )
+        self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
+        self._by_uid: dict[int, Sequence] = {}
+        self._by_request: dict[str, Sequence] = {}
+        self._generator = self._make_generator()
+
+    def _make_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self._loaded.model,
+            stop_tokens=[[t] for t in self.eos_token_ids],
+            completion_batch_size=self._config.max_num_seqs,
+            prefill_batch_size=self._config.max_num_seqs,
+            prefill_step_size=self._config.prefill_chunk_tokens,
+        )
+
+    # ------------------------------------------------------------ admission
+
+    @property
+    def num_active(self) -> int:
+        return len(self._by_request)
+
+    def has_work(self) -> bool:
+        return bool(self._by_request)
+
+    def add(self, request: AddRequest) -> None:
+        """Tokenize, validate and enqueue; a bad request gets an ErrorEvent, never raises."""
+        try:
+            if request.request_id in self._by_request:
+                raise RequestError(f"duplicate request id {request.request_id}")
+            limit = self._config.max_num_seqs + self._config.max_queue
+            if self.num_active >= limit:
+                raise RequestError(
+                    f"server busy: {self.num_active} requests running or queued "
+                    f"(max_num_seqs + max_queue = {limit}); retry shortly",
+                    status=503, error_type="server_busy", code="queue_full",
+                )
+            prompt_ids = self._prompt_ids(request)
+            max_tokens = self._max_tokens(request, len(prompt_ids))
+            sampler = make_request_sampler(request.sampling, self._vocab_size)
+            processors = make_request_processors(request.sampling)
+        except RequestError as exc:
+            self._emit_error(request.request_id, exc)
+            return
+        uid = self._generator.insert(
+            [prompt_ids],
+            max_tokens=[max_tokens],
+            samplers=[sampler],
+            logits_processors=[processors],
+        )[0]
+        seq = Sequence(
+            request_id=request.request_id,
+            uid=uid,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            detokenizer=IncrementalDetokenizer(self._tokenizer, prompt_ids[-4:]),
+            stop_filter=StopStringFilter(request.sampling.stop),
+            want_progress=request.want_progress,
+        )
+        self._by_uid[uid] = seq
+        self._by_request[request.request_id] = seq
+        self._emit(PromptEvent(request.request_id, len(prompt_ids), seq.cached_tokens))
+
+    def _prompt_ids(self, request: AddRequest) -> list[int]:
+        if request.messages is not None:
+            ids = render_chat(self._tokenizer, request.messages, request.tools)
+        elif request.prompt is not None:
+            ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
+        else:
+            raise RequestError("either messages or prompt is required", param="messages")
+        if not ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        return ids
+
+    def _max_tokens(self, request: AddRequest, num_prompt: int) -> int:
+        room = self.context_length - num_prompt
+        if room <= 0:
+            raise RequestError(
+                f"prompt is {num_prompt} tokens, but this model's context window is "
+                f"{self.context_length} tokens (prompt + completion must fit); "
+                "shorten the prompt",
+                param="messages" if request.messages is not None else "prompt",
+                code="context_length_exceeded",
+            )
+        wanted = request.sampling.max_tokens
+        if wanted is None:
+            wanted = self._config.default_max_tokens
+        return max(1, min(wanted, room))
+
+    def abort(self, request_id: str) -> None:
+        """Free the slot of a request whose client went away; it gets no more events."""
+        seq = self._by_request.get(request_id)
+        if seq is None:
+            return
+        self._generator.remove([seq.uid])
+        self._forget(seq)
+        log.info("request %s aborted after %d tokens", request_id, seq.num_generated)
+
+    def abort_all(self, message: str, status: int = 503) -> None:
+        for seq in list(self._by_request.values()):
+            self._emit_error(
+                seq.request_id,
+                RequestError(message, status=status, error_type="server_error"),
+            )
+            self._forget(seq)
+        self._generator = self._make_generator()
+
+    # ------------------------------------------------------------ the loop body
+
+    def step(self) -> None:
+        """One BatchGenerator step: a decode step for running sequences plus one prefill
+        chunk for waiting ones. A failure here fails the affected requests, not the worker."""
+        try:
+            prompt_responses, generation_responses = self._generator.next()
+        except Exception as exc:  # e.g. out of memory inside MLX
+            log.exception("generation step failed; failing %d requests", self.num_active)
+            self.abort_all(f"generation failed: {exc}", status=500)
+            mx.clear_cache()
+            return
+        now = time.perf_counter()
+        for response in prompt_responses:
+            seq = self._by_uid.get(response.uid)
+            if seq is None:
+                continue
+            if seq.prefill_started_at is None:
+                seq.prefill_started_at = now
+            if seq.want_progress:
+                done, total = response.progress
+                self._emit(ProgressEvent(seq.request_id, int(done), int(total)))
+        for response in generation_responses:
+            seq = self._by_uid.get(response.uid)
+            if seq is not None:
+                self._on_token(seq, response.token, response.finish_reason, now)
+
+    def _on_token(self, seq: Sequence, token: int, finish_reason: str | None, now: float) -> None:
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            if seq.prefill_started_at is None:
+                seq.prefill_started_at = seq.created_at
+        is_eos = finish_reason == "stop" and token in self.eos_token_ids
+        text = ""
+        if not is_eos:
+            seq.num_generated += 1
+            text = seq.stop_filter.push(seq.detokenizer.add(token))
+        if seq.stop_filter.stopped:
+            if finish_reason is None:  # still in the batch: take it out now
+                self._generator.remove([seq.uid])
+            finish_reason = "stop"
+        if finish_reason is not None and not seq.stop_filter.stopped:
+            text += seq.stop_filter.push(seq.detokenizer.flush())
+            text += seq.stop_filter.flush()
+        if text or not is_eos:
+            self._emit(TokenEvent(seq.request_id, text, [] if is_eos else [token], now))
+        if finish_reason is not None:
+            self._finish(seq, finish_reason, now)
+
+    def _finish(self, seq: Sequence, finish_reason: str, now: float) -> None:
+        first = seq.first_token_at or now
+        started = seq.prefill_started_at or seq.created_at
+        decode_s = now - first
+        timings = Timings(
+            queue_s=started - seq.created_at,
+            prefill_s=first - started,
+            ttft_s=first - seq.created_at,
+            decode_s=decode_s,
+            decode_tokens_per_s=(seq.num_generated - 1) / decode_s if decode_s > 0 else 0.0,
+            prompt_tokens_per_s=(
+                (len(seq.prompt_ids) - seq.cached_tokens) / (first - started)
+                if first > started else 0.0
+            ),
+        )
+        usage = Usage(len(seq.prompt_ids), seq.num_generated, seq.cached_tokens)
+        self._emit(FinishEvent(seq.request_id, finish_reason, usage, timings))
+        self._forget(seq)
+        log.info(
+            "request %s done (%s): prompt %d tokens (%d cached), %d generated, "
+            "queue %.2fs, ttft %.2fs, prefill %.0f tok/s, decode %.1f tok/s",
+            seq.request_id, finish_reason, usage.prompt_tokens, usage.cached_tokens,
+            usage.completion_tokens, timings.queue_s, timings.ttft_s,
+            timings.prompt_tokens_per_s, timings.decode_tokens_per_s,
+        )
+
+    def _forget(self, seq: Sequence) -> None:
+        self._by_uid.pop(seq.uid, None)
+        self._by_request.pop(seq.request_id, None)
+
+    def _emit_error(self, request_id: str, exc: RequestError) -> None:
+        self._emit(
+            ErrorEvent(
+                request_id=request_id,
+                message=exc.message,
+                status=exc.status,
+                error_type=exc.error_type,
+                param=exc.param,
+                code=exc.code,
+            )
+        )

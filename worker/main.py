@@ -1,0 +1,201 @@
+"""The worker process: handshake with the router, load one model, run the engine loop.
+
+One worker serves one model. It talks to the router over a DEALER socket only, exits
+when the router goes away, and on SIGTERM drains in-flight requests to a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    AbortRequest,
+    AddRequest,
+    ErrorEvent,
+    Hello,
+    Message,
+    Ping,
+    Pong,
+    Ready,
+    Shutdown,
+    StartupFailed,
+    WorkerConfig,
+)
+from protocol.sockets import make_socket
+
+log = logging.getLogger("worker")
+
+_HANDSHAKE_TIMEOUT_S = 60.0
+_IDLE_POLL_MS = 50
+
+
+class _Flags:
+    """Set by signal handlers only; the loop acts on them."""
+
+    stop_requested = False
+    drain_deadline: float | None = None
+
+
+def _configure_logging(role: str) -> None:
+    logging.basicConfig(
+        level=os.environ.get("MLXD_LOG_LEVEL", "INFO").upper(),
+        format=f"%(asctime)s %(levelname)s {role} %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+class _Channel:
+    """The DEALER socket to the router, with non-blocking sends.
+
+    A send never blocks the engine: if the router is gone the message is dropped and the
+    parent-death check ends the process soon after.
+    """
+
+    def __init__(self, address: str, identity: str) -> None:
+        self.context = zmq.Context()
+        self.socket = make_socket(
+            self.context, zmq.DEALER, address, bind=False, identity=identity.encode()
+        )
+
+    def send(self, message: Message) -> None:
+        try:
+            self.socket.send_multipart(encode(message), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("router not reachable; dropped %s", message.type)
+
+    def receive(self, timeout_ms: int) -> Message | None:
+        if not self.socket.poll(timeout_ms):
+            return None
+        try:
+            message, _ = decode(self.socket.recv_multipart(copy=True))
+        except ProtocolError as exc:
+            log.error("ignoring bad message from router: %s", exc)
+            return None
+        return message
+
+    def close(self) -> None:
+        self.socket.close(linger=200)
+        self.context.term()
+
+
+def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
+    channel.send(Hello(protocol_version=PROTOCOL_VERSION, role="worker", pid=os.getpid()))
+    deadline = time.monotonic() + _HANDSHAKE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if os.getppid() != parent_pid:
+            return None
+        message = channel.receive(200)
+        if isinstance(message, WorkerConfig):
+            return message
+    log.error("no configuration from the router within %.0fs", _HANDSHAKE_TIMEOUT_S)
+    return None
+
+
+def run_worker(address: str, identity: str, blas: str) -> int:
+    """Entry point of `python -m worker`; returns the process exit code."""
+    _configure_logging(f"worker[{identity}]")
+    parent_pid = os.getppid()
+    flags = _Flags()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        flags.stop_requested = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    channel = _Channel(address, identity)
+    try:
+        config = _handshake(channel, parent_pid)
+        if config is None:
+            return 2
+        if config.protocol_version != PROTOCOL_VERSION:
+            channel.send(StartupFailed(
+                f"protocol version mismatch: router {config.protocol_version}, "
+                f"worker {PROTOCOL_VERSION}; reinstall mlxd"
+            ))
+            return 2
+        return _serve(channel, config, blas, parent_pid, flags)
+    finally:
+        channel.close()
+
+
+def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, flags: _Flags) -> int:
+    # Imported here so the BLAS binding in __main__ happens before MLX loads.
+    from worker.engine import Engine
+    from worker.model_loader import load_for_serving
+
+    try:
+        loaded = load_for_serving(config.model_path, config.dtype)
+    except Exception as exc:
+        log.exception("failed to load %s", config.model_path)
+        channel.send(StartupFailed(f"cannot load model {config.model_path}: {exc}"))
+        return 3
+    if blas == "reference":
+        from worker.blas import missing_blas_hint
+
+        log.warning("no optimised BLAS found: CPU inference will be slow. Fix: %s", missing_blas_hint())
+    log.info(
+        "loaded %s in %.1fs: %s on %s, BLAS %s, %.0f MB of weights, context %d",
+        config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas,
+        loaded.weights_bytes / 1e6, loaded.context_length,
+    )
+    engine = Engine(loaded, config, channel.send)
+    channel.send(Ready(
+        protocol_version=PROTOCOL_VERSION,
+        model_id=config.model_id,
+        context_length=engine.context_length,
+        max_num_seqs=config.max_num_seqs,
+        prefill_chunk_tokens=config.prefill_chunk_tokens,
+        block_tokens=config.block_tokens,
+        dtype=loaded.dtype,
+        device=loaded.device,
+        blas=blas,
+        load_time_s=loaded.load_time_s,
+        weights_bytes=loaded.weights_bytes,
+        eos_token_ids=engine.eos_token_ids,
+    ))
+
+    while True:
+        if os.getppid() != parent_pid:
+            log.warning("router went away; exiting")
+            return 0
+        if flags.stop_requested and flags.drain_deadline is None:
+            flags.drain_deadline = time.monotonic() + 5.0
+        if flags.drain_deadline is not None:
+            if not engine.has_work():
+                log.info("shut down cleanly")
+                return 0
+            if time.monotonic() > flags.drain_deadline:
+                engine.abort_all("the worker is shutting down")
+                return 0
+        timeout = 0 if engine.has_work() else _IDLE_POLL_MS
+        while (message := channel.receive(timeout)) is not None:
+            timeout = 0
+            if isinstance(message, AddRequest):
+                if flags.drain_deadline is not None:
+                    channel.send(ErrorEvent(
+                        message.request_id, "the worker is shutting down; retry",
+                        status=503, error_type="server_error",
+                    ))
+                else:
+                    engine.add(message)
+            elif isinstance(message, AbortRequest):
+                engine.abort(message.request_id)
+            elif isinstance(message, Ping):
+                channel.send(Pong(message.nonce, message.sent_at, engine.num_active, 0))
+            elif isinstance(message, Shutdown):
+                flags.stop_requested = True
+                flags.drain_deadline = time.monotonic() + message.drain_s
+            else:
+                log.warning("unexpected %s message; ignored", message.type)
+        if engine.has_work():
+            engine.step()

@@ -1,0 +1,114 @@
+"""Load an mlx-lm model directory for serving, in the dtype this device runs fastest.
+
+On a CPU-only MLX build, quantized and half-precision matmuls run on scalar,
+single-threaded kernels (10-90x slower than fp32 through BLAS), so the weights are
+dequantized to float32 once at load.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import load as mlx_lm_load
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any
+    config: dict[str, Any]
+    dtype: str
+    device: str
+    context_length: int
+    weights_bytes: int
+    load_time_s: float
+
+
+def _dequantized(module: nn.Module, dtype: mx.Dtype) -> nn.Module | None:
+    """A float replacement for a quantized layer, or None if it is not quantized."""
+    if isinstance(module, nn.QuantizedLinear):
+        weight = mx.dequantize(
+            module.weight, module.scales, module.get("biases"),
+            module.group_size, module.bits, module.mode,
+        ).astype(dtype)
+        out_dims, in_dims = weight.shape
+        linear = nn.Linear(in_dims, out_dims, bias="bias" in module)
+        linear.weight = weight
+        if "bias" in module:
+            linear.bias = module.bias.astype(dtype)
+        return linear
+    if isinstance(module, nn.QuantizedEmbedding):
+        weight = mx.dequantize(
+            module.weight, module.scales, module.get("biases"),
+            module.group_size, module.bits, module.mode,
+        ).astype(dtype)
+        embedding = nn.Embedding(*weight.shape)
+        embedding.weight = weight
+        return embedding
+    return None
+
+
+def dequantize_model(model: nn.Module, dtype: mx.Dtype) -> int:
+    """Replace every quantized layer by its float equivalent; returns how many."""
+    replacements = []
+    for name, module in model.named_modules():
+        new = _dequantized(module, dtype)
+        if new is not None:
+            replacements.append((name, new))
+    if replacements:
+        model.update_modules(tree_unflatten(replacements))
+    return len(replacements)
+
+
+def choose_dtype(requested: str) -> str:
+    """'auto' means float32 on a CPU-only backend, the checkpoint's own dtype on GPU."""
+    if requested != "auto":
+        if requested not in _DTYPES and requested != "native":
+            raise ValueError(f"dtype: expected auto, native, float32, float16 or bfloat16, got {requested!r}")
+        return requested
+    return "float32" if mx.default_device().type == mx.DeviceType.cpu else "native"
+
+
+def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
+    """Load weights + tokenizer, convert to the serving dtype, and materialize them."""
+    start = time.perf_counter()
+    model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    effective = choose_dtype(dtype)
+    if effective in _DTYPES:
+        target = _DTYPES[effective]
+        num = dequantize_model(model, target)
+        model.set_dtype(target)
+        if num:
+            log.info("dequantized %d layers to %s for this device", num, effective)
+    mx.eval(model.parameters())
+    weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    context = int(
+        config.get("max_position_embeddings")
+        or config.get("max_seq_len")
+        or config.get("n_positions")
+        or 4096
+    )
+    if effective == "native":
+        params = tree_flatten(model.parameters())
+        effective = str(params[0][1].dtype).removeprefix("mlx.core.") if params else "unknown"
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        dtype=effective,
+        device=str(mx.default_device().type).removeprefix("DeviceType."),
+        context_length=context,
+        weights_bytes=weights_bytes,
+        load_time_s=time.perf_counter() - start,
+    )

@@ -1,0 +1,35 @@
+"""Turn a request's messages or prompt into token ids, the way the model expects.
+
+The chat template is rendered to text and tokenized without adding special tokens
+(what HF's `apply_chat_template(tokenize=True)` does): templates carry their own BOS.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.errors import RequestError
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise RequestError(
+            "this model has no chat template; use /v1/completions with a prompt",
+            param="messages",
+        )
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:  # jinja errors: a template rejecting these messages
+        raise RequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def render_completion(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
+    if isinstance(prompt, list):
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < vocab_size]
+        if bad:
+            raise RequestError(f"prompt token ids must be in [0, {vocab_size}); got {bad[0]!r}", param="prompt")
+        return list(prompt)
+    return list(tokenizer.encode(prompt))
