@@ -56,6 +56,7 @@ class WorkerConfig(Message):
     prefill_chunk_tokens: int = 512
     block_tokens: int = 256
     hot_cache_bytes: int = 0
+    prefix_cache: bool = True
     max_context_tokens: int = 0
     default_max_tokens: int = 512
     dtype: str = "auto"
@@ -79,6 +80,7 @@ class Ready(Message):
     load_time_s: float
     weights_bytes: int
     eos_token_ids: list[int] = field(default_factory=list)
+    hot_cache_bytes: int = 0
 
 
 @dataclass

@@ -30,6 +30,7 @@ from protocol.messages import (
 )
 from worker.detokenizer import IncrementalDetokenizer
 from worker.model_loader import LoadedModel
+from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompts import render_chat, render_completion
 from worker.sampling import make_request_processors, make_request_sampler
 from worker.stop_strings import StopStringFilter
@@ -50,6 +51,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     stop_filter: StopStringFilter
     want_progress: bool
+    plan: PrefixPlan
     cached_tokens: int = 0
     created_at: float = field(default_factory=time.perf_counter)
     prefill_started_at: float | None = None
@@ -65,8 +67,10 @@ class Engine:
     leaves them gets exactly one terminal event (FinishEvent or ErrorEvent).
     """
 
-    def __init__(self, loaded: LoadedModel, config: WorkerConfig, emit: Emit) -> None:
+    def __init__(self, loaded: LoadedModel, config: WorkerConfig, emit: Emit, prefix_cache: PrefixCache) -> None:
         self._loaded = loaded
+        self.prefix_cache = prefix_cache
+        self._segment_tokens = prefix_cache.segment_tokens(config.prefill_chunk_tokens)
         self._config = config
         self._emit = emit
         self._tokenizer = loaded.tokenizer
@@ -118,12 +122,17 @@ class Engine:
         except RequestError as exc:
             self._emit_error(request.request_id, exc)
             return
-        uid = self._generator.insert(
-            [prompt_ids],
+        plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
+        cached = plan.cached_blocks * self.prefix_cache.block_tokens
+        uid = self._generator.insert_segments(
+            [self._segments(prompt_ids[cached:])],
             max_tokens=[max_tokens],
+            caches=[plan.caches] if plan.caches is not None else None,
+            all_tokens=[prompt_ids[:cached]],
             samplers=[sampler],
             logits_processors=[processors],
         )[0]
+        plan.caches = None  # the generator owns the working copy now
         seq = Sequence(
             request_id=request.request_id,
             uid=uid,
@@ -132,10 +141,23 @@ class Engine:
             detokenizer=IncrementalDetokenizer(self._tokenizer, prompt_ids[-4:]),
             stop_filter=StopStringFilter(request.sampling.stop),
             want_progress=request.want_progress,
+            plan=plan,
+            cached_tokens=cached,
         )
+        if plan.keys:
+            log.info(
+                "request %s: prefix hit %d/%d tokens: %d hot blocks, %d recomputed",
+                request.request_id, cached, len(prompt_ids), plan.hot_blocks, len(prompt_ids) - cached,
+            )
         self._by_uid[uid] = seq
         self._by_request[request.request_id] = seq
         self._emit(PromptEvent(request.request_id, len(prompt_ids), seq.cached_tokens))
+
+    def _segments(self, remainder: list[int]) -> list[list[int]]:
+        """Prefill pieces ending on block boundaries, so each block can be captured as it
+        completes (the remainder starts on a boundary: the cached part is whole blocks)."""
+        n = self._segment_tokens
+        return [remainder[i : i + n] for i in range(0, len(remainder), n)]
 
     def _prompt_ids(self, request: AddRequest) -> list[int]:
         if request.messages is not None:
@@ -200,13 +222,31 @@ class Engine:
                 continue
             if seq.prefill_started_at is None:
                 seq.prefill_started_at = now
+            if response.end_of_segment and not response.end_of_prompt:
+                self._capture_prefill(seq, int(response.progress[0]))
             if seq.want_progress:
                 done, total = response.progress
                 self._emit(ProgressEvent(seq.request_id, int(done), int(total)))
         for response in generation_responses:
             seq = self._by_uid.get(response.uid)
-            if seq is not None:
-                self._on_token(seq, response.token, response.finish_reason, now)
+            if seq is None:
+                continue
+            if response.finish_reason is not None and response.prompt_cache is not None:
+                # prompt + completion: the next turn of this conversation resends both
+                tokens = response.all_tokens or []
+                self.prefix_cache.capture(seq.plan, response.prompt_cache, tokens, len(tokens))
+            self._on_token(seq, response.token, response.finish_reason, now)
+
+    def _capture_prefill(self, seq: Sequence, processed: int) -> None:
+        if not self.prefix_cache.enabled:
+            return
+        num_tokens = seq.cached_tokens + processed
+        if num_tokens // self.prefix_cache.block_tokens <= seq.plan.captured_blocks:
+            return
+        extracted = self._generator.extract_cache([seq.uid]).get(seq.uid)
+        if extracted is not None:
+            caches, _ = extracted
+            self.prefix_cache.capture(seq.plan, caches, seq.prompt_ids, num_tokens)
 
     def _on_token(self, seq: Sequence, token: int, finish_reason: str | None, now: float) -> None:
         if seq.first_token_at is None:
@@ -220,7 +260,10 @@ class Engine:
             text = seq.stop_filter.push(seq.detokenizer.add(token))
         if seq.stop_filter.stopped:
             if finish_reason is None:  # still in the batch: take it out now
-                self._generator.remove([seq.uid])
+                removed = self._generator.remove([seq.uid], return_prompt_caches=True)
+                if seq.uid in removed:
+                    caches, tokens = removed[seq.uid]
+                    self.prefix_cache.capture(seq.plan, caches, tokens, len(tokens))
             finish_reason = "stop"
         if finish_reason is not None and not seq.stop_filter.stopped:
             text += seq.stop_filter.push(seq.detokenizer.flush())

@@ -87,6 +87,17 @@ class _Channel:
         self.context.term()
 
 
+def hot_cache_budget(requested: int, weights_bytes: int) -> int:
+    """Bytes for the hot tier: as asked, or a quarter of what RAM has left after an
+    8 GB reserve and the weights, kept between 256 MB and 8 GB."""
+    if requested > 0:
+        return requested
+    import psutil
+
+    spare = psutil.virtual_memory().total - (8 << 30) - weights_bytes
+    return int(min(8 << 30, max(256 << 20, spare // 4)))
+
+
 def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
     channel.send(Hello(protocol_version=PROTOCOL_VERSION, role="worker", pid=os.getpid()))
     deadline = time.monotonic() + _HANDSHAKE_TIMEOUT_S
@@ -132,6 +143,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     # Imported here so the BLAS binding in __main__ happens before MLX loads.
     from worker.engine import Engine
     from worker.model_loader import load_for_serving
+    from worker.prefix_cache import PrefixCache
 
     try:
         loaded = load_for_serving(config.model_path, config.dtype)
@@ -148,7 +160,15 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas,
         loaded.weights_bytes / 1e6, loaded.context_length,
     )
-    engine = Engine(loaded, config, channel.send)
+    budget = hot_cache_budget(config.hot_cache_bytes, loaded.weights_bytes)
+    prefix_cache = PrefixCache(
+        loaded.model, loaded.fingerprint, config.block_tokens, budget, enabled=config.prefix_cache
+    )
+    log.info(
+        "prefix cache %s: blocks of %d tokens, hot tier %.0f MB",
+        "on" if prefix_cache.enabled else "off", config.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
+    )
+    engine = Engine(loaded, config, channel.send, prefix_cache)
     channel.send(Ready(
         protocol_version=PROTOCOL_VERSION,
         model_id=config.model_id,
@@ -162,6 +182,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         load_time_s=loaded.load_time_s,
         weights_bytes=loaded.weights_bytes,
         eos_token_ids=engine.eos_token_ids,
+        hot_cache_bytes=prefix_cache.hot.budget_bytes,
     ))
 
     while True:

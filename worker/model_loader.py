@@ -7,6 +7,7 @@ dequantized to float32 once at load.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class LoadedModel:
     context_length: int
     weights_bytes: int
     load_time_s: float
+    fingerprint: bytes
 
 
 def _dequantized(module: nn.Module, dtype: mx.Dtype) -> nn.Module | None:
@@ -69,6 +71,20 @@ def dequantize_model(model: nn.Module, dtype: mx.Dtype) -> int:
     if replacements:
         model.update_modules(tree_unflatten(replacements))
     return len(replacements)
+
+
+def model_fingerprint(path: Path, dtype: str) -> bytes:
+    """Hash of config, weights and serving dtype: blocks of one model (or of one model
+    served in another dtype, whose KV differs) are never read by another."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(dtype.encode())
+    for file in sorted(path.iterdir()):
+        if file.suffix in (".json", ".safetensors") and file.is_file():
+            h.update(file.name.encode())
+            with file.open("rb") as f:
+                while chunk := f.read(8 << 20):
+                    h.update(chunk)
+    return h.digest()
 
 
 def choose_dtype(requested: str) -> str:
@@ -111,4 +127,5 @@ def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
         context_length=context,
         weights_bytes=weights_bytes,
         load_time_s=time.perf_counter() - start,
+        fingerprint=model_fingerprint(Path(path), effective),
     )

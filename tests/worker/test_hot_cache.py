@@ -1,0 +1,68 @@
+"""Hot tier bookkeeping: LRU by bytes, never over budget, longest-run lookup."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protocol.block_keys import BlockKey
+from worker.hot_cache import HotCache
+
+
+def key(i: int) -> BlockKey:
+    return BlockKey(i.to_bytes(16, "big"))
+
+
+def test_longest_run_stops_at_first_missing_block() -> None:
+    cache = HotCache(1000)
+    for i in (0, 1, 3):
+        cache.put(key(i), f"p{i}", 10)
+    assert cache.longest_run([key(0), key(1), key(2), key(3)]) == ["p0", "p1"]
+    assert cache.stats.hits == 2 and cache.stats.misses == 1
+
+
+@pytest.mark.parametrize("budget, sizes, survivors", [
+    (30, [10, 10, 10, 10], [1, 2, 3]),
+    (25, [10, 10, 10], [1, 2]),
+    (100, [60, 50], [1]),
+    (10, [11], []),
+])
+def test_lru_eviction_by_bytes(budget, sizes, survivors) -> None:
+    cache = HotCache(budget)
+    for i, size in enumerate(sizes):
+        cache.put(key(i), i, size)
+    assert [i for i in range(len(sizes)) if key(i) in cache] == survivors
+    assert cache.used_bytes <= budget
+
+
+def test_lookup_refreshes_recency() -> None:
+    cache = HotCache(30)
+    for i in range(3):
+        cache.put(key(i), i, 10)
+    cache.longest_run([key(0)])
+    cache.put(key(3), 3, 10)
+    assert key(0) in cache and key(1) not in cache
+
+
+def test_shared_block_is_stored_once() -> None:
+    cache = HotCache(100)
+    assert cache.put(key(1), "a", 40)
+    assert cache.put(key(1), "a-again", 40)
+    assert cache.used_bytes == 40 and len(cache) == 1
+    assert cache.longest_run([key(1)]) == ["a"]
+
+
+def test_budget_holds_under_churn() -> None:
+    rng = random.Random(0)
+    cache = HotCache(10_000)
+    sizes: dict[int, int] = {}
+    for step in range(5000):
+        i = rng.randrange(2000)
+        size = sizes.setdefault(i, rng.randrange(1, 3000))
+        cache.put(key(i), i, size)
+        if step % 7 == 0:
+            cache.longest_run([key(rng.randrange(2000)) for _ in range(3)])
+        assert cache.used_bytes <= cache.budget_bytes
+    stored = [i for i in sizes if key(i) in cache]
+    assert cache.used_bytes == sum(sizes[i] for i in stored)

@@ -1,0 +1,114 @@
+"""Cut a sequence's per-layer mlx-lm caches into block payloads, and build caches back.
+
+Attention layers (`KVCache`) are sliced by token: a block holds that block's K and V.
+Caches that cannot be sliced by token (rotating windows, SSM / linear-attention
+`ArraysCache`, ...) are stored as a full-state snapshot taken exactly at the block's end
+boundary. Restoring a run of blocks concatenates the slices and takes the snapshots of
+the run's last block.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+log = logging.getLogger(__name__)
+
+SLICE = "slice"
+SNAPSHOT = "snapshot"
+
+
+@dataclass(frozen=True)
+class LayerBlock:
+    """One layer's share of a block: K/V slices, or the layer's whole state."""
+
+    kind: str
+    arrays: tuple[mx.array, ...]
+    scalars: tuple[Any, ...] = ()  # snapshot only: state entries that are not arrays
+
+
+@dataclass(frozen=True)
+class BlockPayload:
+    layers: tuple[LayerBlock, ...]
+    nbytes: int
+
+
+def layer_kinds(model: nn.Module) -> list[str] | None:
+    """How each layer's cache is captured, or None if some layer cannot be (served
+    uncached). Probed on a fresh cache, once per model."""
+    kinds = []
+    for cache in make_prompt_cache(model):
+        if type(cache) is KVCache:
+            kinds.append(SLICE)
+            continue
+        try:
+            state = cache.state
+            _ = list(state) if state is not None else []
+        except Exception:  # a cache class without a usable state
+            return None
+        kinds.append(SNAPSHOT)
+    return kinds
+
+
+def _snapshot(cache: Any) -> LayerBlock:
+    arrays, scalars, layout = [], [], []
+    for item in cache.state:
+        if isinstance(item, mx.array):
+            arrays.append(mx.array(item))
+            layout.append("a")
+        else:
+            scalars.append(item)
+            layout.append("s")
+    return LayerBlock(SNAPSHOT, tuple(arrays), (tuple(layout), *scalars))
+
+
+def slice_blocks(caches: list[Any], kinds: list[str], start: int, end: int, block_tokens: int) -> list[BlockPayload]:
+    """Payloads of blocks [start, end) from one sequence's caches (batch size 1).
+
+    Snapshot layers are only valid at the cache's current position, so a range may hold
+    more than one block only for models whose layers are all sliceable; callers keep
+    prefill segments one block long otherwise.
+    """
+    blocks = []
+    snapshots = (
+        {i: _snapshot(c) for i, (c, k) in enumerate(zip(caches, kinds)) if k == SNAPSHOT}
+        if SNAPSHOT in kinds
+        else {}
+    )
+    for b in range(start, end):
+        a, z = b * block_tokens, (b + 1) * block_tokens
+        layers = []
+        for i, (cache, kind) in enumerate(zip(caches, kinds)):
+            if kind == SLICE:
+                layers.append(LayerBlock(SLICE, (mx.array(cache.keys[..., a:z, :]), mx.array(cache.values[..., a:z, :]))))
+            else:
+                layers.append(snapshots[i])
+        payload_arrays = [x for layer in layers for x in layer.arrays]
+        mx.eval(payload_arrays)
+        blocks.append(BlockPayload(tuple(layers), sum(x.nbytes for x in payload_arrays)))
+    return blocks
+
+
+def assemble(model: nn.Module, blocks: list[BlockPayload]) -> list[Any]:
+    """A fresh per-layer cache holding the prefix covered by `blocks` (in order)."""
+    caches = make_prompt_cache(model)
+    last = blocks[-1]
+    for i, cache in enumerate(caches):
+        layer = last.layers[i]
+        if layer.kind == SLICE:
+            keys = mx.concatenate([blk.layers[i].arrays[0] for blk in blocks], axis=2)
+            values = mx.concatenate([blk.layers[i].arrays[1] for blk in blocks], axis=2)
+            cache.state = (keys, values, keys.shape[2]) if type(cache) is KVCache else (keys, values)
+            if type(cache) is KVCache:
+                cache.offset = keys.shape[2]
+        else:
+            layout, *scalars = layer.scalars
+            arrays, scalar_iter = iter(layer.arrays), iter(scalars)
+            state = [mx.array(next(arrays)) if kind == "a" else next(scalar_iter) for kind in layout]
+            cache.state = state
+    return caches
