@@ -1,0 +1,1 @@
+"""The router process: HTTP API in front, one supervised worker process per model behind."""

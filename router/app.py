@@ -1,0 +1,49 @@
+"""The Starlette application: routes, error handlers, API-key check, and a lifespan that
+starts and stops the worker pool."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from router import openai_api
+from router.auth import APIKeyMiddleware
+from router.config import RouterConfig
+from router.http_errors import EXCEPTION_HANDLERS
+from router.pool import WorkerPool
+
+
+def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
+    """The HTTP app in front of `pool`. The lifespan starts the pool if the caller has
+    not (the CLI starts it first, to load the model before the port opens) and always
+    stops it on shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    routes = [
+        Route("/health", openai_api.health, methods=["GET"]),
+        Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", openai_api.get_model, methods=["GET"]),
+        Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai_api.completions, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(APIKeyMiddleware, api_key=config.api_key)],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=lifespan,
+        max_body_size=config.max_body_bytes,
+    )
+    app.state.config = config
+    app.state.pool = pool
+    return app

@@ -1,0 +1,101 @@
+"""Every failure the router answers with, as an OpenAI-shaped JSON error body.
+
+`{"error": {"message", "type", "param", "code"}}` for request errors, dead workers,
+unknown routes and bugs alike: a client never sees HTML or a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from protocol.errors import RequestError, WorkerDead
+
+logger = logging.getLogger(__name__)
+
+# 503s ask well-behaved clients (the openai SDK honours it) to retry after a restart
+RETRY_AFTER_S = 2
+
+_HTTP_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+}
+
+
+def error_body(
+    message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The OpenAI error object (also what an SSE stream sends before it closes)."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def request_error_body(error: RequestError) -> dict[str, Any]:
+    return error_body(error.message, error.error_type, error.param, error.code)
+
+
+def worker_dead_body(error: WorkerDead) -> dict[str, Any]:
+    return error_body(str(error), "server_error", None, "worker_unavailable")
+
+
+def error_response(
+    status: int, message: str, error_type: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse(error_body(message, error_type, param, code), status_code=status, headers=headers)
+
+
+def request_error_response(error: RequestError) -> JSONResponse:
+    return error_response(error.status, error.message, error.error_type, error.param, error.code)
+
+
+def worker_dead_response(error: WorkerDead) -> JSONResponse:
+    return error_response(503, str(error), "server_error", None, "worker_unavailable")
+
+
+async def _on_request_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    logger.info("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+    return request_error_response(exc)
+
+
+async def _on_worker_dead(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, WorkerDead)
+    return worker_dead_response(exc)
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no route {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    error_type = _HTTP_ERROR_TYPES.get(exc.status_code, "invalid_request_error")
+    if exc.status_code >= 500:
+        error_type = "server_error"
+    response = error_response(exc.status_code, message, error_type)
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    # Starlette re-raises after this handler, so uvicorn still logs the traceback
+    logger.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.url.path)
+    return error_response(500, f"internal server error ({type(exc).__name__}); see the mlxd log", "server_error")
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    RequestError: _on_request_error,
+    WorkerDead: _on_worker_dead,
+    HTTPException: _on_http_exception,
+    Exception: _on_unexpected,
+}

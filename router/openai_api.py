@@ -1,0 +1,192 @@
+"""OpenAI-compatible route handlers: /v1/models, /v1/chat/completions, /v1/completions, /health.
+
+A handler validates, hands the request to the model's worker, and turns the worker's
+event stream into either one JSON body or an SSE stream. A client that goes away
+aborts its request at the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from protocol.errors import RequestError, WorkerDead
+from protocol.messages import ErrorEvent, FinishEvent, Message, PromptEvent, TokenEvent
+from router.http_errors import error_body, request_error_body, worker_dead_body
+from router.openai_format import completion_body, model_card, stream_chunk, usage_chunk
+from router.pool import WorkerPool
+from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
+from router.validation import ParsedRequest, parse_chat_request, parse_completion_request, parse_json_body
+from router.worker_client import RequestStream
+
+logger = logging.getLogger(__name__)
+
+# a client that closed its connection gets no answer; 499 is what proxies log for that
+CLIENT_CLOSED_REQUEST = 499
+
+
+def _pool(request: Request) -> WorkerPool:
+    return request.app.state.pool
+
+
+def _error_from_event(event: ErrorEvent) -> RequestError:
+    return RequestError(event.message, status=event.status, error_type=event.error_type,
+                        param=event.param, code=event.code)
+
+
+def _log_finish(parsed: ParsedRequest, event: FinishEvent) -> None:
+    u, t = event.usage, event.timings
+    logger.info("%s %s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
+                parsed.model, parsed.add.request_id, event.finish_reason, u.prompt_tokens,
+                u.completion_tokens, u.cached_tokens, t.ttft_s, t.decode_tokens_per_s)
+
+
+# ---------------------------------------------------------------- models and health
+
+
+async def health(request: Request) -> Response:
+    """200 when every worker is ready, else 503 with the same body (status "degraded")."""
+    pool = _pool(request)
+    return JSONResponse(pool.health(), status_code=200 if pool.is_healthy() else 503)
+
+
+def _card(pool: WorkerPool, model_id: str) -> dict[str, Any]:
+    supervisor = pool.supervisors.get(model_id)
+    extra: dict[str, Any] = {"state": supervisor.state if supervisor else "loading"}
+    if supervisor is not None and supervisor.ready is not None:
+        extra["context_length"] = supervisor.ready.context_length
+    return model_card(model_id, pool.created, **extra)
+
+
+async def list_models(request: Request) -> Response:
+    pool = _pool(request)
+    return JSONResponse({"object": "list", "data": [_card(pool, m) for m in pool.models]})
+
+
+async def get_model(request: Request) -> Response:
+    pool = _pool(request)
+    model_id = request.path_params["model_id"]
+    pool.get(model_id)  # 404 in OpenAI's shape if unknown
+    return JSONResponse(_card(pool, model_id))
+
+
+# ---------------------------------------------------------------- completions
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _complete(request, parse_chat_request)
+
+
+async def completions(request: Request) -> Response:
+    return await _complete(request, parse_completion_request)
+
+
+async def _complete(request: Request, parse: Callable[[dict[str, Any]], ParsedRequest]) -> Response:
+    parsed = parse(parse_json_body(await request.body()))
+    supervisor = _pool(request).get(parsed.model)
+    stream = supervisor.open_request(parsed.add)
+    if parsed.stream:
+        return await _start_event_stream(request, parsed, stream)
+    with stream:
+        return await _answer_whole(request, parsed, stream)
+
+
+async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
+    texts: list[str] = []
+    created = int(time.time())
+    while True:
+        event = await stream.next_event()
+        if isinstance(event, TokenEvent):
+            texts.append(event.text)
+        elif isinstance(event, FinishEvent):
+            _log_finish(parsed, event)
+            return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
+                                                "".join(texts), event.finish_reason, event.usage))
+        elif isinstance(event, ErrorEvent):
+            raise _error_from_event(event)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
+    """Collect the whole answer, unless the client hangs up first (then abort)."""
+    collect = asyncio.ensure_future(_collect(parsed, stream))
+    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (collect, gone):
+            if not task.done():
+                task.cancel()
+    if collect.done() and not collect.cancelled():
+        return collect.result()  # raises RequestError / WorkerDead for the exception handlers
+    logger.info("client went away; request %s aborted", parsed.add.request_id)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _start_event_stream(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
+    """Wait (up to one keep-alive interval) for the worker to accept or refuse the prompt,
+    so a refusal (e.g. prompt too long) still gets a proper HTTP status; then stream."""
+    keepalive_s = request.app.state.config.sse_keepalive_s
+    try:
+        first = await stream.next_event(timeout=keepalive_s)
+    except BaseException:
+        stream.abort()
+        raise
+    if isinstance(first, ErrorEvent):
+        raise _error_from_event(first)
+    return EventStreamResponse(_events(parsed, stream, first, keepalive_s), on_close=stream.abort)
+
+
+async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message | None,
+                  keepalive_s: float) -> AsyncIterator[bytes]:
+    """The SSE body: role chunk, content chunks, finish chunk, [usage chunk], [DONE]."""
+    rid, model, kind, created = parsed.add.request_id, parsed.model, parsed.kind, int(time.time())
+    include_usage = parsed.include_usage
+    timer = KeepAliveTimer(keepalive_s)
+    if kind == "chat":
+        yield sse_data(stream_chunk(kind, rid, model, created, role="assistant", text="",
+                                    include_usage=include_usage))
+        timer.wrote()
+    event = first
+    try:
+        while True:
+            if event is None:
+                event = await stream.next_event(timeout=timer.remaining())
+                if event is None:
+                    yield KEEPALIVE
+                    timer.wrote()
+                    continue
+            if isinstance(event, TokenEvent) and event.text:
+                yield sse_data(stream_chunk(kind, rid, model, created, text=event.text, include_usage=include_usage))
+                timer.wrote()
+            elif isinstance(event, FinishEvent):
+                _log_finish(parsed, event)
+                yield sse_data(stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
+                                            finish_reason=event.finish_reason, include_usage=include_usage))
+                if include_usage:
+                    yield sse_data(usage_chunk(kind, rid, model, created, event.usage))
+                yield DONE
+                return
+            elif isinstance(event, ErrorEvent):
+                yield sse_data(request_error_body(_error_from_event(event)))
+                return
+            elif not isinstance(event, (TokenEvent, PromptEvent)):
+                logger.debug("%s on stream %s ignored", event.type, rid)
+            event = None
+    except WorkerDead as exc:
+        yield sse_data(worker_dead_body(exc))
+    except Exception as exc:  # headers are sent: the error can only travel in the stream
+        logger.exception("stream %s failed", rid)
+        yield sse_data(error_body(f"internal server error ({type(exc).__name__}); see the mlxd log", "server_error"))

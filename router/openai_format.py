@@ -1,0 +1,93 @@
+"""OpenAI response objects: completion bodies, stream chunks, usage, model cards.
+
+Pure functions of their arguments (no I/O), so the exact wire shapes are unit-tested.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.messages import Usage
+
+CHAT_CHUNK = "chat.completion.chunk"
+TEXT_COMPLETION = "text_completion"
+
+
+def usage_body(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _chunk(kind: str, request_id: str, model: str, created: int, choice: dict[str, Any],
+           include_usage: bool) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": request_id,
+        "object": CHAT_CHUNK if kind == "chat" else TEXT_COMPLETION,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if include_usage:
+        chunk["usage"] = None  # OpenAI sends null on every chunk but the last
+    return chunk
+
+
+def stream_chunk(kind: str, request_id: str, model: str, created: int, *, text: str | None = None,
+                 role: str | None = None, finish_reason: str | None = None,
+                 include_usage: bool = False) -> dict[str, Any]:
+    """One streamed choice update: chat chunks carry a `delta`, text ones a `text`."""
+    if kind == "chat":
+        delta: dict[str, Any] = {}
+        if role is not None:
+            delta["role"] = role
+        if text is not None:
+            delta["content"] = text
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return _chunk(kind, request_id, model, created, choice, include_usage)
+
+
+def usage_chunk(kind: str, request_id: str, model: str, created: int, usage: Usage) -> dict[str, Any]:
+    """The last chunk when `stream_options.include_usage` is set: no choices, only usage."""
+    return {
+        "id": request_id,
+        "object": CHAT_CHUNK if kind == "chat" else TEXT_COMPLETION,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_body(usage),
+    }
+
+
+def completion_body(kind: str, request_id: str, model: str, created: int, text: str,
+                    finish_reason: str, usage: Usage) -> dict[str, Any]:
+    """A whole non-streamed answer: `chat.completion` or `text_completion`."""
+    if kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        object_type = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        object_type = TEXT_COMPLETION
+    return {
+        "id": request_id,
+        "object": object_type,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_body(usage),
+    }
+
+
+def model_card(model_id: str, created: int, **extra: Any) -> dict[str, Any]:
+    """One entry of `GET /v1/models`; `extra` adds mlxd's own fields (state, context_length)."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "mlxd", **extra}

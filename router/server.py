@@ -1,0 +1,54 @@
+"""uvicorn, configured for the router: no per-request access log, and a shutdown that drains
+in-flight requests, then ends the rest with a clear error instead of cutting connections."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import uvicorn
+
+from router.app import make_app
+from router.config import RouterConfig
+from router.pool import WorkerPool
+
+# margin after the drain deadline for the error events to reach clients before uvicorn
+# cancels whatever is still running
+_CANCEL_MARGIN_S = 2.0
+
+
+class RouterServer(uvicorn.Server):
+    """A uvicorn server that owns the pool's shutdown order.
+
+    uvicorn's own graceful shutdown stops accepting, waits for open connections, then
+    cancels them mid-write. Here in-flight requests get `shutdown_drain_s` to finish;
+    whatever is left then fails with "the server is shutting down" (an SSE error event or
+    a 503), so every client gets a well-formed answer. The lifespan then stops the workers.
+    """
+
+    def __init__(self, config: uvicorn.Config, pool: WorkerPool, drain_s: float) -> None:
+        super().__init__(config)
+        self.pool = pool
+        self.drain_s = drain_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = asyncio.create_task(self.pool.drain(self.drain_s))
+        try:
+            await super().shutdown(sockets)
+        finally:
+            drain.cancel()
+
+
+def make_server(config: RouterConfig, pool: WorkerPool) -> RouterServer:
+    """The HTTP server for `pool`; call `serve(sockets=[...])` on it."""
+    return RouterServer(uvicorn.Config(
+        make_app(config, pool),
+        host=config.host,
+        port=config.port,
+        log_config=None,  # the process's logging config covers uvicorn's loggers too
+        log_level=config.log_level,
+        access_log=config.log_level == "debug",  # one line per request is noise at info
+        lifespan="on",
+        timeout_graceful_shutdown=config.shutdown_drain_s + _CANCEL_MARGIN_S,
+        server_header=False,
+    ), pool, config.shutdown_drain_s)

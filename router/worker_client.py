@@ -1,0 +1,237 @@
+"""The router's one ZeroMQ ROUTER socket to every worker, and per-request event streams.
+
+A reader task routes each incoming event to the `RequestStream` of its request id and
+every other message (hello, ready, pong …) to the handler of the worker that sent it.
+Sends go through an outbox drained by one writer task, so any code, even a `finally`
+running under cancellation, can send without awaiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+import zmq
+import zmq.asyncio
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError, WorkerDead
+from protocol.messages import (
+    AbortRequest,
+    AddRequest,
+    ErrorEvent,
+    FinishEvent,
+    Message,
+    ProgressEvent,
+    PromptEvent,
+    TokenEvent,
+)
+from protocol.sockets import make_socket
+
+logger = logging.getLogger(__name__)
+
+REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent)
+TERMINAL_EVENTS = (FinishEvent, ErrorEvent)
+
+PeerHandler = Callable[[Message], None]
+
+
+class RequestStream:
+    """The events of one request, in arrival order, until its terminal event.
+
+    Invariants: after a `FinishEvent`/`ErrorEvent` or a failure the stream is `finished`
+    and unregistered, so nothing more is delivered; `WorkerDead` is raised to the reader
+    only after every event that arrived before the failure has been read. Used as a
+    context manager: leaving it unfinished (client gone, error) aborts the request at
+    the worker.
+    """
+
+    def __init__(self, client: WorkerClient, identity: bytes, request_id: str) -> None:
+        self.client = client
+        self.identity = identity
+        self.request_id = request_id
+        self.finished = False
+        self._events: collections.deque[Message] = collections.deque()
+        self._failure: WorkerDead | None = None
+        self._wakeup = asyncio.Event()
+
+    def deliver(self, message: Message) -> None:
+        if self.finished:
+            return
+        self._events.append(message)
+        if isinstance(message, TERMINAL_EVENTS):
+            self.finished = True
+            self.client.forget(self)
+        self._wakeup.set()
+
+    def fail(self, error: WorkerDead) -> None:
+        if self.finished:
+            return
+        self._failure = error
+        self.finished = True
+        self.client.forget(self)
+        self._wakeup.set()
+
+    async def next_event(self, timeout: float | None = None) -> Message | None:
+        """The next event; None if `timeout` seconds pass first. Raises `WorkerDead`."""
+        while not self._events:
+            if self._failure is not None:
+                raise self._failure
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except TimeoutError:
+                return None
+        return self._events.popleft()
+
+    def abort(self) -> None:
+        """Tell the worker to drop this request now, unless it already ended."""
+        if self.finished:
+            return
+        self.finished = True
+        self.client.forget(self)
+        self.client.post(self.identity, AbortRequest(request_id=self.request_id))
+
+    def __enter__(self) -> RequestStream:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.abort()
+
+
+class WorkerClient:
+    """Owns the ROUTER socket bound at `address`; workers connect to it as DEALERs.
+
+    Each worker connects with its own identity (`model#generation`), so a restarted
+    worker never receives its predecessor's traffic and late messages from a dead
+    generation are dropped. Nothing here decides liveness; it records when each peer
+    was last heard from (`last_heard`) for the supervisor's ping check.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._context: zmq.asyncio.Context | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._peers: dict[bytes, PeerHandler] = {}
+        self._heard: dict[bytes, float] = {}
+        self._requests: dict[str, RequestStream] = {}
+        self._outbox: asyncio.Queue[tuple[bytes, Message]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._context = zmq.asyncio.Context()
+        self._socket = make_socket(self._context, zmq.ROUTER, self.address, bind=True)
+        # a send to a worker that is not connected fails loudly instead of vanishing
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self._tasks = [asyncio.create_task(self._read(), name="worker-client-reader"),
+                       asyncio.create_task(self._write(), name="worker-client-writer")]
+        logger.info("listening for workers at %s", self.address)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._socket is not None:
+            self._socket.close(linger=0)
+        if self._context is not None:
+            self._context.term()
+        self._socket = self._context = None
+
+    # ---------------------------------------------------------------- peers
+
+    def add_peer(self, identity: bytes, handler: PeerHandler) -> None:
+        """Route `identity`'s non-request messages to `handler` (called on the loop)."""
+        self._peers[identity] = handler
+        self._heard[identity] = time.monotonic()
+
+    def remove_peer(self, identity: bytes) -> None:
+        self._peers.pop(identity, None)
+        self._heard.pop(identity, None)
+
+    def last_heard(self, identity: bytes) -> float:
+        """time.monotonic() of the last message from `identity` (any kind counts)."""
+        return self._heard.get(identity, 0.0)
+
+    def post(self, identity: bytes, message: Message) -> None:
+        """Queue `message` for `identity`; never blocks, safe under cancellation."""
+        self._outbox.put_nowait((identity, message))
+
+    # ---------------------------------------------------------------- requests
+
+    def open_request(self, identity: bytes, add: AddRequest) -> RequestStream:
+        """Register a stream for `add.request_id`, then send the request to the worker."""
+        if add.request_id in self._requests:
+            raise ValueError(f"duplicate request id {add.request_id}")
+        stream = RequestStream(self, identity, add.request_id)
+        self._requests[add.request_id] = stream
+        self.post(identity, add)
+        return stream
+
+    def forget(self, stream: RequestStream) -> None:
+        if self._requests.get(stream.request_id) is stream:
+            del self._requests[stream.request_id]
+
+    def fail_requests(self, identity: bytes | None, error: WorkerDead, *, abort: bool = False) -> int:
+        """End every open request of worker `identity` (None: of all workers) with `error`;
+        with `abort`, also tell the (living) worker to drop them. Returns how many."""
+        doomed = [s for s in self._requests.values() if identity is None or s.identity == identity]
+        for stream in doomed:
+            stream.fail(error)
+            if abort:
+                self.post(stream.identity, AbortRequest(request_id=stream.request_id))
+        return len(doomed)
+
+    def num_open_requests(self, identity: bytes | None = None) -> int:
+        return sum(1 for s in self._requests.values() if identity is None or s.identity == identity)
+
+    # ---------------------------------------------------------------- tasks
+
+    async def _read(self) -> None:
+        assert self._socket is not None
+        while True:
+            identity, *parts = await self._socket.recv_multipart()
+            try:
+                message, _frames = decode(parts)
+            except ProtocolError as exc:
+                logger.warning("dropped a bad message from %r: %s", identity, exc)
+                continue
+            if identity in self._heard:
+                self._heard[identity] = time.monotonic()
+            try:
+                self._dispatch(identity, message)
+            except Exception:  # one bad handler must not stop every worker's traffic
+                logger.exception("failed to handle %s from %r", message.type, identity)
+
+    def _dispatch(self, identity: bytes, message: Message) -> None:
+        if isinstance(message, REQUEST_EVENTS):
+            stream = self._requests.get(message.request_id)
+            if stream is not None and stream.identity == identity:
+                stream.deliver(message)
+            else:  # normal after an abort or a client disconnect
+                logger.debug("%s for finished request %s dropped", message.type, message.request_id)
+            return
+        handler = self._peers.get(identity)
+        if handler is None:
+            logger.debug("%s from unknown or retired worker %r dropped", message.type, identity)
+            return
+        handler(message)
+
+    async def _write(self) -> None:
+        assert self._socket is not None
+        while True:
+            identity, message = await self._outbox.get()
+            try:
+                await self._socket.send_multipart([identity, *encode(message)])
+            except zmq.ZMQError as exc:
+                if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
+                    return
+                logger.warning("%s to worker %r not delivered: %s", message.type, identity, exc)
+                if isinstance(message, AddRequest) and message.request_id in self._requests:
+                    self._requests[message.request_id].fail(
+                        WorkerDead(f"the worker is not reachable ({exc}); it may have just died, retry shortly"))

@@ -1,0 +1,83 @@
+"""Start and stop a real mlxd service (router + worker processes) for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Service:
+    """A running `mlxd serve` subprocess; its log lines are kept for assertions."""
+
+    def __init__(self, args: list[str], home: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.home = home
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "router", "serve", "--port", str(self.port), "--home", str(home), *args]
+        self.log: deque[str] = deque(maxlen=5000)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.log.append(line.rstrip("\n"))
+            if os.environ.get("MLXD_TEST_ECHO"):
+                sys.stderr.write(line)
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlxd exited with {self.proc.returncode}:\n{self.log_text()[-4000:]}")
+            try:
+                health = httpx.get(f"{self.base_url}/health", timeout=2).json()
+                workers = health.get("workers", {})
+                if workers and all(w.get("state") == "ready" for w in workers.values()):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"mlxd not ready after {timeout}s:\n{self.log_text()[-4000:]}")
+
+    def health(self) -> dict:
+        return httpx.get(f"{self.base_url}/health", timeout=5).json()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
