@@ -8,6 +8,7 @@ aborts its request at the worker.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError, WorkerDead
-from protocol.messages import ErrorEvent, FinishEvent, Message, PromptEvent, TokenEvent
+from protocol.messages import ErrorEvent, FinishEvent, Message, ProgressEvent, PromptEvent, TokenEvent
 from router.http_errors import error_body, request_error_body, worker_dead_body
-from router.openai_format import completion_body, model_card, stream_chunk, usage_chunk
+from router.openai_format import completion_body, model_card, progress_chunk, stream_chunk, usage_chunk
 from router.pool import WorkerPool
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
 from router.validation import ParsedRequest, parse_chat_request, parse_completion_request, parse_json_body
@@ -93,8 +94,11 @@ async def _complete(request: Request, parse: Callable[[dict[str, Any]], ParsedRe
     stream = supervisor.open_request(parsed.add)
     if parsed.stream:
         return await _start_event_stream(request, parsed, stream)
-    with stream:
+    try:
         return await _answer_whole(request, parsed, stream)
+    except BaseException:
+        stream.abort()
+        raise
 
 
 async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
@@ -120,19 +124,55 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 
 async def _answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
-    """Collect the whole answer, unless the client hangs up first (then abort)."""
+    """Collect the whole answer, unless the client hangs up first (then abort).
+
+    An answer not ready within one keep-alive interval (a long prefill) is sent as a
+    200 whose body starts with whitespace, one space per interval, then the JSON: that
+    keeps clients' read timeouts from firing, and JSON parsers skip leading whitespace.
+    Errors that come later travel in that body in OpenAI's error shape.
+    """
     collect = asyncio.ensure_future(_collect(parsed, stream))
     gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    keepalive_s = request.app.state.config.sse_keepalive_s
     try:
-        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (collect, gone):
-            if not task.done():
-                task.cancel()
-    if collect.done() and not collect.cancelled():
+        await asyncio.wait({collect, gone}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        collect.cancel()
+        gone.cancel()
+        raise
+    if collect.done():
+        gone.cancel()
         return collect.result()  # raises RequestError / WorkerDead for the exception handlers
-    logger.info("client went away; request %s aborted", parsed.add.request_id)
-    return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if gone.done():
+        collect.cancel()
+        stream.abort()
+        logger.info("client went away; request %s aborted", parsed.add.request_id)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    gone.cancel()  # the streaming response watches for disconnects from here on
+    return EventStreamResponse(_padded_body(collect, keepalive_s), on_close=lambda: _cancel(collect, stream),
+                               media_type="application/json")
+
+
+def _cancel(task: asyncio.Future, stream: RequestStream) -> None:
+    task.cancel()
+    stream.abort()
+
+
+async def _padded_body(collect: asyncio.Future, keepalive_s: float) -> AsyncIterator[bytes]:
+    while True:
+        done, _ = await asyncio.wait({collect}, timeout=keepalive_s)
+        if done:
+            break
+        yield b" "
+    try:
+        response = collect.result()
+    except RequestError as exc:
+        yield json.dumps(request_error_body(exc)).encode()
+        return
+    except WorkerDead as exc:
+        yield json.dumps(worker_dead_body(exc)).encode()
+        return
+    yield bytes(response.body)
 
 
 async def _start_event_stream(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
@@ -182,6 +222,9 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
             elif isinstance(event, ErrorEvent):
                 yield sse_data(request_error_body(_error_from_event(event)))
                 return
+            elif isinstance(event, ProgressEvent):
+                yield sse_data(progress_chunk(kind, rid, model, created, event.processed_tokens, event.total_tokens))
+                timer.wrote()
             elif not isinstance(event, (TokenEvent, PromptEvent)):
                 logger.debug("%s on stream %s ignored", event.type, rid)
             event = None

@@ -91,3 +91,17 @@ def completion_body(kind: str, request_id: str, model: str, created: int, text: 
 def model_card(model_id: str, created: int, **extra: Any) -> dict[str, Any]:
     """One entry of `GET /v1/models`; `extra` adds mlxd's own fields (state, context_length)."""
     return {"id": model_id, "object": "model", "created": created, "owned_by": "mlxd", **extra}
+
+
+def progress_chunk(kind: str, request_id: str, model: str, created: int,
+                   processed_tokens: int, total_tokens: int) -> dict[str, Any]:
+    """mlxd extension chunk (asked for with `"mlxd": {"progress": true}`): prefill
+    progress, no choices, so OpenAI clients that don't know it skip it."""
+    return {
+        "id": request_id,
+        "object": CHAT_CHUNK if kind == "chat" else TEXT_COMPLETION,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "mlxd": {"progress": {"processed_tokens": processed_tokens, "total_tokens": total_tokens}},
+    }

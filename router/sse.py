@@ -56,8 +56,9 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterable[bytes], on_close: Callable[[], None]) -> None:
-        super().__init__(content, headers=SSE_HEADERS)
+    def __init__(self, content: AsyncIterable[bytes], on_close: Callable[[], None],
+                 media_type: str = "text/event-stream") -> None:
+        super().__init__(content, headers=SSE_HEADERS, media_type=media_type)
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

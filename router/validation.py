@@ -244,6 +244,16 @@ def _cache_salt(body: dict[str, Any]) -> str | None:
     return _optional_str(body, "cache_salt")
 
 
+def _wants_progress(body: dict[str, Any]) -> bool:
+    """mlxd's extension: `"mlxd": {"progress": true}` streams prefill progress chunks."""
+    extension = body.get("mlxd")
+    if extension is None:
+        return False
+    if not isinstance(extension, dict):
+        raise bad("mlxd", "'mlxd' must be an object, e.g. {\"progress\": true}")
+    return _flag(extension, "progress")
+
+
 def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
     """POST /v1/chat/completions body -> what to send the worker."""
     model, stream, include_usage = _common(body)
@@ -253,6 +263,7 @@ def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
         tools=_tools(body),
         sampling=parse_sampling(body),
         cache_salt=_cache_salt(body),
+        want_progress=_wants_progress(body),
     )
     return ParsedRequest("chat", model, add, stream, include_usage)
 
@@ -270,5 +281,6 @@ def parse_completion_request(body: dict[str, Any]) -> ParsedRequest:
         prompt=_prompt(body),
         sampling=parse_sampling(body),
         cache_salt=_cache_salt(body),
+        want_progress=_wants_progress(body),
     )
     return ParsedRequest("text", model, add, stream, include_usage)

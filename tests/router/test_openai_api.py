@@ -150,15 +150,28 @@ def test_client_disconnect_aborts_the_request(slow_router: RunningRouter, stream
                 if line == ": keep-alive":
                     assert slow_router.supervisor.health()["num_requests"] == 1
                     break  # closes the connection
-    else:
-        with pytest.raises(httpx.ReadTimeout):
-            client.post("/v1/chat/completions", json=request)
-        assert slow_router.supervisor.health()["num_requests"] == 1
+    else:  # the body starts with keep-alive whitespace; hang up after the first
+        with client.stream("POST", "/v1/chat/completions", json=request) as response:
+            assert response.status_code == 200
+            for piece in response.iter_bytes():
+                assert piece.strip() == b""
+                assert slow_router.supervisor.health()["num_requests"] == 1
+                break
     client.close()
     slow_router.wait_for(lambda: slow_router.supervisor.health()["num_requests"] == 0, timeout=3)
     slow_router.wait_for(lambda: "fake worker: aborted chatcmpl-" in caplog.text, timeout=3)
     with slow_router.client() as again:
         assert again.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_slow_non_streaming_answer_is_padded_json(router: RunningRouter) -> None:
+    """Past one keep-alive interval, a non-streamed answer arrives as whitespace + JSON."""
+    slow = {**CHAT, "messages": [{"role": "user", "content": "SLOW"}]}
+    with router.client() as client:
+        response = client.post("/v1/chat/completions", json=slow)
+    assert response.status_code == 200
+    assert response.content.startswith(b" ")
+    assert response.json()["choices"][0]["message"]["content"] == REPLY
 
 
 def test_openai_sdk(router: RunningRouter) -> None:
