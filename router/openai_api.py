@@ -20,7 +20,14 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import ErrorEvent, FinishEvent, Message, ProgressEvent, PromptEvent, TokenEvent
 from router.http_errors import error_body, request_error_body, worker_dead_body
-from router.openai_format import completion_body, model_card, progress_chunk, stream_chunk, usage_chunk
+from router.openai_format import (
+    completion_body,
+    model_card,
+    progress_chunk,
+    stream_chunk,
+    timings_extension,
+    usage_chunk,
+)
 from router.pool import WorkerPool
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
 from router.validation import ParsedRequest, parse_chat_request, parse_completion_request, parse_json_body
@@ -111,7 +118,8 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
         elif isinstance(event, FinishEvent):
             _log_finish(parsed, event)
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
-                                                "".join(texts), event.finish_reason, event.usage))
+                                                "".join(texts), event.finish_reason, event.usage,
+                                                event.timings))
         elif isinstance(event, ErrorEvent):
             raise _error_from_event(event)
 
@@ -213,8 +221,10 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 timer.wrote()
             elif isinstance(event, FinishEvent):
                 _log_finish(parsed, event)
-                yield sse_data(stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
-                                            finish_reason=event.finish_reason, include_usage=include_usage))
+                last = stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
+                                    finish_reason=event.finish_reason, include_usage=include_usage)
+                last["mlxd"] = timings_extension(event.timings)
+                yield sse_data(last)
                 if include_usage:
                     yield sse_data(usage_chunk(kind, rid, model, created, event.usage))
                 yield DONE

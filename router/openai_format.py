@@ -5,9 +5,10 @@ Pure functions of their arguments (no I/O), so the exact wire shapes are unit-te
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from protocol.messages import Usage
+from protocol.messages import Timings, Usage
 
 CHAT_CHUNK = "chat.completion.chunk"
 TEXT_COMPLETION = "text_completion"
@@ -64,8 +65,13 @@ def usage_chunk(kind: str, request_id: str, model: str, created: int, usage: Usa
     }
 
 
+def timings_extension(timings: Timings) -> dict[str, Any]:
+    """mlxd's own per-request timings, beside the OpenAI fields (clients ignore it)."""
+    return {"timings": {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}}
+
+
 def completion_body(kind: str, request_id: str, model: str, created: int, text: str,
-                    finish_reason: str, usage: Usage) -> dict[str, Any]:
+                    finish_reason: str, usage: Usage, timings: Timings | None = None) -> dict[str, Any]:
     """A whole non-streamed answer: `chat.completion` or `text_completion`."""
     if kind == "chat":
         choice: dict[str, Any] = {
@@ -85,6 +91,7 @@ def completion_body(kind: str, request_id: str, model: str, created: int, text: 
         "model": model,
         "choices": [choice],
         "usage": usage_body(usage),
+        **({"mlxd": timings_extension(timings)} if timings is not None else {}),
     }
 
 

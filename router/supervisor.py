@@ -22,6 +22,7 @@ from protocol.messages import (
     Hello,
     Message,
     Ping,
+    Pong,
     Ready,
     Shutdown,
     StartupFailed,
@@ -68,6 +69,7 @@ class WorkerSupervisor:
         self.num_restarts = 0
         self.last_error: str | None = None
         self.ready: Ready | None = None
+        self.last_pong: Pong | None = None
         self.child: ChildProcess | None = None
         self.identity: bytes | None = None
         self._generation = 0
@@ -111,6 +113,8 @@ class WorkerSupervisor:
             info["blas"] = self.ready.blas
         if self.identity is not None:
             info["num_requests"] = self.client.num_open_requests(self.identity)
+        if self.last_pong is not None and self.state == "ready":
+            info["worker_active"] = self.last_pong.num_running
         return info
 
     async def stop(self) -> None:
@@ -234,7 +238,10 @@ class WorkerSupervisor:
     def _on_message(self, message: Message) -> None:
         if isinstance(message, (Hello, Ready, StartupFailed)):
             self._control.put_nowait(message)
-        # Pong needs no handling: any message counts as a sign of life (WorkerClient.last_heard)
+        elif isinstance(message, Pong):
+            # any message is a sign of life (WorkerClient.last_heard); a pong also says
+            # how busy the worker is, as the worker itself counts it
+            self.last_pong = message
 
     async def _next_control(self, deadline: float) -> Message:
         assert self.child is not None

@@ -37,13 +37,22 @@ class LoadedModel:
     fingerprint: bytes
 
 
+def _float_weight(module: nn.Module, dtype: mx.Dtype) -> mx.array:
+    # Scales and biases go up to the target dtype first: dequantizing with fp16 scales
+    # would round every weight to fp16 before the cast.
+    biases = module.get("biases")
+    return mx.dequantize(
+        module.weight,
+        module.scales.astype(dtype),
+        biases.astype(dtype) if biases is not None else None,
+        module.group_size, module.bits, module.mode,
+    ).astype(dtype)
+
+
 def _dequantized(module: nn.Module, dtype: mx.Dtype) -> nn.Module | None:
     """A float replacement for a quantized layer, or None if it is not quantized."""
     if isinstance(module, nn.QuantizedLinear):
-        weight = mx.dequantize(
-            module.weight, module.scales, module.get("biases"),
-            module.group_size, module.bits, module.mode,
-        ).astype(dtype)
+        weight = _float_weight(module, dtype)
         out_dims, in_dims = weight.shape
         linear = nn.Linear(in_dims, out_dims, bias="bias" in module)
         linear.weight = weight
@@ -51,10 +60,7 @@ def _dequantized(module: nn.Module, dtype: mx.Dtype) -> nn.Module | None:
             linear.bias = module.bias.astype(dtype)
         return linear
     if isinstance(module, nn.QuantizedEmbedding):
-        weight = mx.dequantize(
-            module.weight, module.scales, module.get("biases"),
-            module.group_size, module.bits, module.mode,
-        ).astype(dtype)
+        weight = _float_weight(module, dtype)
         embedding = nn.Embedding(*weight.shape)
         embedding.weight = weight
         return embedding
