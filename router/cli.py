@@ -58,6 +58,12 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f.metadata["help"]
         if f.default is not dataclasses.MISSING and f.default is not None:
             help_text += f" (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(
+                flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS, help=help_text,
+            )
+            continue
         parser.add_argument(
             flag_name(f.name),
             dest=f.name,

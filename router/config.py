@@ -83,6 +83,7 @@ class RouterConfig:
         "prompt",
     )
     block_tokens: int = _setting(256, "tokens per prefix-cache block (only full blocks are cached)")
+    prefix_cache: bool = _setting(True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
     hot_cache_bytes: int = _setting(0, "in-memory prefix cache budget per worker in bytes; 0 lets the worker choose")
     max_context_tokens: int = _setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
     default_max_tokens: int = _setting(512, "output cap for requests that set no max_tokens")
@@ -169,6 +170,17 @@ def setting_types() -> dict[str, type]:
     return types
 
 
+def _parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(value)
+
+
 def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
     """Defaults < `overrides` (config file values, then CLI flags, merged by the caller).
 
@@ -185,6 +197,9 @@ def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
             continue
         kind = types[key]
         try:
+            if kind is bool:
+                kwargs[key] = _parse_bool(value)
+                continue
             if kind is int and isinstance(value, float) or isinstance(value, bool):
                 raise ValueError
             kwargs[key] = kind(value)
