@@ -123,9 +123,9 @@ class Engine:
             self._emit_error(request.request_id, exc)
             return
         plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
-        cached = plan.cached_blocks * self.prefix_cache.block_tokens
+        cached = plan.cached_tokens
         uid = self._generator.insert_segments(
-            [self._segments(prompt_ids[cached:])],
+            [self._segments(prompt_ids[cached:], cached)],
             max_tokens=[max_tokens],
             caches=[plan.caches] if plan.caches is not None else None,
             all_tokens=[prompt_ids[:cached]],
@@ -144,20 +144,24 @@ class Engine:
             plan=plan,
             cached_tokens=cached,
         )
-        if plan.keys:
+        if plan.keys is not None and self.prefix_cache.enabled:
             log.info(
-                "request %s: prefix hit %d/%d tokens: %d hot blocks, %d recomputed",
-                request.request_id, cached, len(prompt_ids), plan.hot_blocks, len(prompt_ids) - cached,
+                "request %s: prefix hit %d/%d tokens: %d hot blocks + %d tail tokens, %d recomputed",
+                request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.tail_tokens,
+                len(prompt_ids) - cached,
             )
         self._by_uid[uid] = seq
         self._by_request[request.request_id] = seq
         self._emit(PromptEvent(request.request_id, len(prompt_ids), seq.cached_tokens))
 
-    def _segments(self, remainder: list[int]) -> list[list[int]]:
+    def _segments(self, remainder: list[int], start: int) -> list[list[int]]:
         """Prefill pieces ending on block boundaries, so each block can be captured as it
-        completes (the remainder starts on a boundary: the cached part is whole blocks)."""
+        completes; `start` (the cached length) may sit inside a block after a tail hit."""
         n = self._segment_tokens
-        return [remainder[i : i + n] for i in range(0, len(remainder), n)]
+        first = (-start) % self.prefix_cache.block_tokens
+        pieces = [remainder[:first]] if first else []
+        pieces += [remainder[i : i + n] for i in range(first, len(remainder), n)]
+        return [p for p in pieces if p]
 
     def _prompt_ids(self, request: AddRequest) -> list[int]:
         if request.messages is not None:
@@ -233,8 +237,7 @@ class Engine:
                 continue
             if response.finish_reason is not None and response.prompt_cache is not None:
                 # prompt + completion: the next turn of this conversation resends both
-                tokens = response.all_tokens or []
-                self.prefix_cache.capture(seq.plan, response.prompt_cache, tokens, len(tokens))
+                self.prefix_cache.capture_final(seq.plan, response.prompt_cache, response.all_tokens or [])
             self._on_token(seq, response.token, response.finish_reason, now)
 
     def _capture_prefill(self, seq: Sequence, processed: int) -> None:
@@ -263,7 +266,7 @@ class Engine:
                 removed = self._generator.remove([seq.uid], return_prompt_caches=True)
                 if seq.uid in removed:
                     caches, tokens = removed[seq.uid]
-                    self.prefix_cache.capture(seq.plan, caches, tokens, len(tokens))
+                    self.prefix_cache.capture_final(seq.plan, caches, tokens)
             finish_reason = "stop"
         if finish_reason is not None and not seq.stop_filter.stopped:
             text += seq.stop_filter.push(seq.detokenizer.flush())

@@ -67,31 +67,47 @@ def _snapshot(cache: Any) -> LayerBlock:
     return LayerBlock(SNAPSHOT, tuple(arrays), (tuple(layout), *scalars))
 
 
-def slice_blocks(caches: list[Any], kinds: list[str], start: int, end: int, block_tokens: int) -> list[BlockPayload]:
-    """Payloads of blocks [start, end) from one sequence's caches (batch size 1).
+def _snapshots(caches: list[Any], kinds: list[str]) -> dict[int, LayerBlock]:
+    return {i: _snapshot(c) for i, (c, k) in enumerate(zip(caches, kinds)) if k == SNAPSHOT}
 
-    Snapshot layers are only valid at the cache's current position, so a range may hold
-    more than one block only for models whose layers are all sliceable; callers keep
-    prefill segments one block long otherwise.
-    """
-    blocks = []
-    snapshots = (
-        {i: _snapshot(c) for i, (c, k) in enumerate(zip(caches, kinds)) if k == SNAPSHOT}
-        if SNAPSHOT in kinds
-        else {}
+
+def slice_span(caches: list[Any], kinds: list[str], start: int, end: int,
+               snapshots: dict[int, LayerBlock] | None = None) -> BlockPayload:
+    """Payload of tokens [start, end) of one sequence's caches (batch size 1).
+
+    Snapshot layers hold the state at the cache's current position, so `end` must be
+    that position whenever the model has any (callers make sure of it)."""
+    if snapshots is None:
+        snapshots = _snapshots(caches, kinds)
+    layers = []
+    for i, (cache, kind) in enumerate(zip(caches, kinds)):
+        if kind == SLICE:
+            keys = mx.array(cache.keys[..., start:end, :])
+            values = mx.array(cache.values[..., start:end, :])
+            layers.append(LayerBlock(SLICE, (keys, values)))
+        else:
+            layers.append(snapshots[i])
+    arrays = [x for layer in layers for x in layer.arrays]
+    mx.eval(arrays)
+    return BlockPayload(tuple(layers), sum(x.nbytes for x in arrays))
+
+
+def slice_blocks(caches: list[Any], kinds: list[str], start: int, end: int, block_tokens: int) -> list[BlockPayload]:
+    """Payloads of whole blocks [start, end): more than one only for models whose layers
+    are all sliceable (callers keep prefill segments one block long otherwise)."""
+    snapshots = _snapshots(caches, kinds)
+    return [
+        slice_span(caches, kinds, b * block_tokens, (b + 1) * block_tokens, snapshots)
+        for b in range(start, end)
+    ]
+
+
+def trim_payload(payload: BlockPayload, num_tokens: int) -> BlockPayload:
+    """The first `num_tokens` tokens of a sliceable payload (a view, for assembling)."""
+    layers = tuple(
+        LayerBlock(SLICE, tuple(a[..., :num_tokens, :] for a in layer.arrays)) for layer in payload.layers
     )
-    for b in range(start, end):
-        a, z = b * block_tokens, (b + 1) * block_tokens
-        layers = []
-        for i, (cache, kind) in enumerate(zip(caches, kinds)):
-            if kind == SLICE:
-                layers.append(LayerBlock(SLICE, (mx.array(cache.keys[..., a:z, :]), mx.array(cache.values[..., a:z, :]))))
-            else:
-                layers.append(snapshots[i])
-        payload_arrays = [x for layer in layers for x in layer.arrays]
-        mx.eval(payload_arrays)
-        blocks.append(BlockPayload(tuple(layers), sum(x.nbytes for x in payload_arrays)))
-    return blocks
+    return BlockPayload(layers, payload.nbytes)
 
 
 def assemble(model: nn.Module, blocks: list[BlockPayload]) -> list[Any]:
@@ -100,12 +116,10 @@ def assemble(model: nn.Module, blocks: list[BlockPayload]) -> list[Any]:
     last = blocks[-1]
     for i, cache in enumerate(caches):
         layer = last.layers[i]
-        if layer.kind == SLICE:
+        if layer.kind == SLICE:  # a KVCache (see layer_kinds)
             keys = mx.concatenate([blk.layers[i].arrays[0] for blk in blocks], axis=2)
             values = mx.concatenate([blk.layers[i].arrays[1] for blk in blocks], axis=2)
-            cache.state = (keys, values, keys.shape[2]) if type(cache) is KVCache else (keys, values)
-            if type(cache) is KVCache:
-                cache.offset = keys.shape[2]
+            cache.state = (keys, values, keys.shape[2])
         else:
             layout, *scalars = layer.scalars
             arrays, scalar_iter = iter(layer.arrays), iter(scalars)

@@ -1,35 +1,61 @@
-"""The worker's prefix cache: which blocks of a prompt are already computed, and capture
-of new ones as prefill and decoding produce them.
+"""The worker's prefix cache: which part of a prompt is already computed, and capture of
+new blocks as prefill and decoding produce them.
 
 Ties the block-key rule (`protocol.block_keys`), the hot tier (`worker.hot_cache`) and
-the MLX payloads (`worker.kv_blocks`) together for the engine.
+the MLX payloads (`worker.kv_blocks`) together for the engine. Besides whole blocks, a
+finished request leaves a *tail*: its tokens after the last whole block, keyed by that
+block. The next turn of a conversation starts with exactly those tokens, so it
+recomputes only what is new, not up to a block of old tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from dataclasses import dataclass
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.nn as nn
 
-from protocol.block_keys import BlockKey, chain_keys
+from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from worker.hot_cache import HotCache
-from worker.kv_blocks import SNAPSHOT, assemble, layer_kinds, slice_blocks
+from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
 
 log = logging.getLogger(__name__)
+
+_TAILS_PER_PARENT = 8
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def tail_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
+    h = hashlib.blake2b(digest_size=KEY_BYTES)
+    h.update(parent)
+    h.update(b"\x00tail\x00")
+    h.update(array("I", tokens).tobytes())
+    return BlockKey(h.digest())
 
 
 @dataclass
 class PrefixPlan:
-    """What the cache offers one prompt: keys of its full blocks, and the hit."""
+    """What the cache offers one prompt: keys of its whole blocks, and the hit."""
 
     keys: list[BlockKey]
-    cached_blocks: int = 0
-    caches: list[Any] | None = None
-    captured_blocks: int = 0
     salt: str | None = None
+    cached_tokens: int = 0
     hot_blocks: int = 0
+    tail_tokens: int = 0
+    captured_blocks: int = 0  # whole blocks known to be stored, from the start
+    caches: list[Any] | None = field(default=None, repr=False)
 
 
 class PrefixCache:
@@ -39,7 +65,8 @@ class PrefixCache:
     cannot be captured; then every lookup is a miss and nothing is stored.
     """
 
-    def __init__(self, model: nn.Module, fingerprint: bytes, block_tokens: int, budget_bytes: int, enabled: bool = True) -> None:
+    def __init__(self, model: nn.Module, fingerprint: bytes, block_tokens: int, budget_bytes: int,
+                 enabled: bool = True) -> None:
         self.model = model
         self.fingerprint = fingerprint
         self.block_tokens = block_tokens
@@ -50,6 +77,9 @@ class PrefixCache:
         if enabled and kinds is None:
             log.warning("this model's cache cannot be captured by blocks; serving it without a prefix cache")
         self.snapshots = SNAPSHOT in self.kinds
+        # parent block key -> [(tail tokens, tail key)], newest last; entries whose payload
+        # the hot tier has evicted are dropped lazily
+        self._tails: dict[BlockKey, list[tuple[tuple[int, ...], BlockKey]]] = {}
 
     def segment_tokens(self, prefill_chunk_tokens: int) -> int:
         """Prefill segment length: whole blocks, so every segment ends on a boundary
@@ -58,40 +88,100 @@ class PrefixCache:
             return self.block_tokens
         return self.block_tokens * max(1, prefill_chunk_tokens // self.block_tokens)
 
+    def _parent(self, keys: list[BlockKey], num_blocks: int, salt: str | None) -> BlockKey:
+        return keys[num_blocks - 1] if num_blocks else root_key(self.fingerprint, salt)
+
     def plan(self, prompt_ids: list[int], salt: str | None) -> PrefixPlan:
         if not self.enabled:
             return PrefixPlan(keys=[])
-        keys = chain_keys(self.fingerprint, prompt_ids, self.block_tokens, salt)
+        block = self.block_tokens
+        keys = chain_keys(self.fingerprint, prompt_ids, block, salt)
         # At least one prompt token must be left to prefill: it yields the first logits.
-        usable = (len(prompt_ids) - 1) // self.block_tokens
-        run = self.hot.longest_run(keys[:usable]) if usable else []
+        usable = (len(prompt_ids) - 1) // block
+        run: list[BlockPayload] = self.hot.longest_run(keys[:usable]) if usable else []
         plan = PrefixPlan(keys=keys, salt=salt)
+        plan.hot_blocks = plan.captured_blocks = len(run)
+        start = len(run) * block
+        tail = self._find_tail(self._parent(keys, len(run), salt), prompt_ids[start : len(prompt_ids) - 1])
+        if tail is not None:
+            num_tail, payload = tail
+            run = [*run, payload]
+            plan.tail_tokens = num_tail
         if run:
-            plan.cached_blocks = plan.captured_blocks = plan.hot_blocks = len(run)
+            plan.cached_tokens = start + plan.tail_tokens
             plan.caches = assemble(self.model, run)
         return plan
 
+    def _find_tail(self, parent: BlockKey, following: list[int]) -> tuple[int, BlockPayload] | None:
+        """The stored tail under `parent` that covers most of `following`. Sliceable
+        models may use a tail's first n tokens (K/V cut to n); with snapshot layers a tail
+        is usable only whole (a snapshot cannot be rewound)."""
+        candidates = self._tails.get(parent)
+        if not candidates:
+            return None
+        best: tuple[int, BlockKey] | None = None
+        alive = []
+        for tokens, key in candidates:
+            if key not in self.hot:
+                continue
+            alive.append((tokens, key))
+            if self.snapshots:
+                n = len(tokens) if tuple(following[: len(tokens)]) == tokens else 0
+            else:
+                n = _common_prefix(tokens, following)
+            if n > 0 and (best is None or n > best[0]):
+                best = (n, key)
+        self._tails[parent] = alive
+        if best is None:
+            return None
+        n, key = best
+        (payload,) = self.hot.longest_run([key])
+        return n, payload if self.snapshots else trim_payload(payload, n)
+
     def capture(self, plan: PrefixPlan, caches: list[Any], tokens: list[int], num_tokens: int) -> int:
-        """Store the blocks completed within the first `num_tokens` tokens of `caches`
+        """Store the whole blocks completed within the first `num_tokens` tokens of `caches`
         (one sequence's cache) that this plan has not stored yet; returns how many."""
         if not self.enabled:
             return 0
-        complete = num_tokens // self.block_tokens
+        block = self.block_tokens
+        complete = num_tokens // block
         if complete <= plan.captured_blocks:
             return 0
-        if self.snapshots and (num_tokens % self.block_tokens or complete - plan.captured_blocks > 1):
+        if self.snapshots:
             # a snapshot is only the state at the cache's current position
-            if num_tokens % self.block_tokens == 0:
-                plan.captured_blocks = complete - 1
-            else:
+            if num_tokens % block:
                 return 0
+            plan.captured_blocks = max(plan.captured_blocks, complete - 1)
         if len(plan.keys) < complete:
-            plan.keys = chain_keys(self.fingerprint, tokens, self.block_tokens, plan.salt)
+            plan.keys = chain_keys(self.fingerprint, tokens, block, plan.salt)
         start = plan.captured_blocks
-        for offset, payload in enumerate(slice_blocks(caches, self.kinds, start, complete, self.block_tokens)):
+        for offset, payload in enumerate(slice_blocks(caches, self.kinds, start, complete, block)):
             self.hot.put(plan.keys[start + offset], payload, payload.nbytes)
         plan.captured_blocks = complete
         return complete - start
+
+    def capture_final(self, plan: PrefixPlan, caches: list[Any], tokens: list[int]) -> None:
+        """At the end of a request (cache position == len(tokens)): its whole blocks, then
+        the tail after the last stored block, so the next turn resumes exactly here."""
+        if not self.enabled or not tokens:
+            return
+        self.capture(plan, caches, tokens, len(tokens))
+        start = plan.captured_blocks * self.block_tokens
+        if start >= len(tokens):
+            return
+        if len(plan.keys) < plan.captured_blocks:
+            plan.keys = chain_keys(self.fingerprint, tokens, self.block_tokens, plan.salt)
+        parent = self._parent(plan.keys, plan.captured_blocks, plan.salt)
+        tail = tuple(tokens[start:])
+        key = tail_key(parent, tail)
+        if key in self.hot:
+            self.hot.longest_run([key])  # refresh
+            return
+        payload = slice_span(caches, self.kinds, start, len(tokens))
+        if self.hot.put(key, payload, payload.nbytes):
+            entries = self._tails.setdefault(parent, [])
+            entries.append((tail, key))
+            del entries[:-_TAILS_PER_PARENT]
 
     def stats(self) -> dict[str, int]:
         s = self.hot.stats
