@@ -32,7 +32,9 @@ def test_repeated_prefix_hits_and_answers_the_same(client, model_id, service) ->
     warm = ask(client, model_id, convo("Which tool reads file 7?"), extra_body={"cache_salt": "t1"})
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     cached = warm.usage.prompt_tokens_details.cached_tokens
-    assert cached >= 512 and cached % 256 == 0
+    # whole blocks plus the first request's tail: everything but the last prompt token,
+    # which must be recomputed to produce the first logits
+    assert cached == warm.usage.prompt_tokens - 1
     assert warm.choices[0].message.content == cold.choices[0].message.content
     assert f"prefix hit {cached}/{warm.usage.prompt_tokens} tokens" in service.log_text()
 
@@ -46,7 +48,8 @@ def test_next_turn_hits_the_whole_previous_turn(client, model_id) -> None:
     fresh = ask(client, model_id, turn2, extra_body={"cache_salt": "t2-fresh"})
     assert second.choices[0].message.content == fresh.choices[0].message.content
     assert fresh.usage.prompt_tokens_details.cached_tokens == 0
-    assert second.usage.prompt_tokens_details.cached_tokens == (first.usage.prompt_tokens // 256) * 256
+    # turn 1's prompt and answer, up to where the re-rendered history first differs
+    assert second.usage.prompt_tokens_details.cached_tokens > first.usage.prompt_tokens
 
 
 def test_cancel_mid_prefill_keeps_completed_blocks(model_id, service) -> None:
