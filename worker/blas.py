@@ -47,17 +47,30 @@ def bind_fast_blas() -> str:
         _bound = "reference"
         return _bound
     candidates = ((forced, forced),) if forced else _CANDIDATES
+    threads = str(usable_cores())
     for name, path in candidates:
         if not os.path.exists(path):
             continue
+        # BLIS and OpenBLAS read their thread count when loaded; BLIS defaults to one
+        # thread, which halves prefill GEMM throughput on a 2-core machine.
+        os.environ.setdefault("BLIS_NUM_THREADS", threads)
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", threads)
         try:
             _handles.append(ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL))
         except OSError:
             continue
-        _bound = name
+        _bound = f"{name} ({os.environ.get('BLIS_NUM_THREADS' if 'blis' in name else 'OPENBLAS_NUM_THREADS')} threads)"
         return _bound
     _bound = "reference"
     return _bound
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (affinity-aware where the OS tells)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
 
 
 def missing_blas_hint() -> str:

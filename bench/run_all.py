@@ -1,0 +1,66 @@
+"""Run every benchmark scenario in bench/, one at a time, and print their JSON as one object.
+
+A scenario is any `bench/*.py` but this runner, `common.py` and `_*.py` helpers. They run
+sequentially because on a 2-core machine two benchmarks at once spoil both.
+`make bench` calls this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+NOT_SCENARIOS = {"run_all.py", "common.py"}
+
+
+def scenarios() -> list[Path]:
+    """The scenario scripts, in name order."""
+    return sorted(p for p in BENCH_DIR.glob("*.py") if p.name not in NOT_SCENARIOS and not p.name.startswith("_"))
+
+
+def run_scenario(script: Path) -> dict[str, Any]:
+    """Run one scenario (its progress passes through on stderr); its stdout must be JSON."""
+    started = time.perf_counter()
+    completed = subprocess.run([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                               cwd=BENCH_DIR.parent)
+    elapsed = round(time.perf_counter() - started, 1)
+    try:
+        result = json.loads(completed.stdout)
+    except json.JSONDecodeError:
+        return {"error": "no JSON on stdout", "exit_code": completed.returncode,
+                "stdout_tail": completed.stdout[-2000:], "elapsed_s": elapsed}
+    if completed.returncode != 0:
+        result = {**result, "exit_code": completed.returncode}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="run only this scenario (file name without .py); repeatable")
+    parser.add_argument("--out", type=Path, help="also write the JSON to this file")
+    args = parser.parse_args(argv)
+    selected = [s for s in scenarios() if not args.only or s.stem in args.only]
+    if args.only and len(selected) != len(set(args.only)):
+        known = ", ".join(s.stem for s in scenarios())
+        parser.error(f"unknown scenario in {args.only}; known: {known}")
+    results: dict[str, Any] = {}
+    for script in selected:
+        sys.stderr.write(f"run_all: {script.stem}\n")
+        results[script.stem] = run_scenario(script)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 1 if any("exit_code" in r or "error" in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
