@@ -61,6 +61,7 @@ class WorkerConfig(Message):
     default_max_tokens: int = 512
     dtype: str = "auto"
     heartbeat_s: float = 2.0
+    kvstore_address: str = ""  # the SSD cold tier; empty: hot tier only
 
 
 @dataclass
@@ -202,7 +203,8 @@ class TokenEvent(Message):
 class Usage:
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (hot or SSD)
+    ssd_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
 
 
 @dataclass
@@ -240,3 +242,101 @@ class ErrorEvent(Message):
     error_type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+
+
+# ---------------------------------------------------------------- kvstore (SSD cold tier)
+# Any DEALER peer -> kvstore ROUTER. Keys are 16-byte block keys (`protocol.block_keys`),
+# scoped by `namespace` (one per model fingerprint). Block payloads are opaque bytes and
+# travel as extra frames, one per key, in key order.
+
+
+@dataclass
+class KVLookup(Message):
+    """How many of `keys`, in order from the first, the store holds (stops at a miss)."""
+
+    type: ClassVar[str] = "kv_lookup"
+    request_id: int
+    namespace: str
+    keys: list[bytes]
+
+
+@dataclass
+class KVLookupResult(Message):
+    type: ClassVar[str] = "kv_lookup_result"
+    request_id: int
+    num_found: int
+
+
+@dataclass
+class KVGet(Message):
+    """Fetch the payloads of `keys`; one round trip for a whole run of blocks."""
+
+    type: ClassVar[str] = "kv_get"
+    request_id: int
+    namespace: str
+    keys: list[bytes]
+
+
+@dataclass
+class KVGetResult(Message):
+    """`found[i]` per asked key; one extra frame per found key, in key order. A corrupt
+    record is reported as not found, never as wrong bytes."""
+
+    type: ClassVar[str] = "kv_get_result"
+    request_id: int
+    found: list[bool]
+
+
+@dataclass
+class KVPut(Message):
+    """Store one extra frame per key; write-behind, no reply. A key already stored is a
+    no-op that refreshes its last use."""
+
+    type: ClassVar[str] = "kv_put"
+    namespace: str
+    keys: list[bytes]
+
+
+@dataclass
+class KVFlush(Message):
+    """Answered once every put received before it is written and fsynced."""
+
+    type: ClassVar[str] = "kv_flush"
+    request_id: int
+
+
+@dataclass
+class KVFlushResult(Message):
+    type: ClassVar[str] = "kv_flush_result"
+    request_id: int
+
+
+@dataclass
+class KVStats(Message):
+    """Counters and sizes; also the kvstore's liveness ping."""
+
+    type: ClassVar[str] = "kv_stats"
+    request_id: int
+
+
+@dataclass
+class KVStatsResult(Message):
+    type: ClassVar[str] = "kv_stats_result"
+    request_id: int
+    stats: dict[str, Any]
+
+
+@dataclass
+class KVClear(Message):
+    """Drop every block (`namespace` None) or one namespace's blocks."""
+
+    type: ClassVar[str] = "kv_clear"
+    request_id: int
+    namespace: str | None = None
+
+
+@dataclass
+class KVClearResult(Message):
+    type: ClassVar[str] = "kv_clear_result"
+    request_id: int
+    num_removed: int

@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from router import openai_api
+from router import admin, openai_api
 from router.auth import APIKeyMiddleware
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
@@ -36,6 +36,7 @@ def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
         Route("/v1/models/{model_id:path}", openai_api.get_model, methods=["GET"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/admin/workers/{model_id:path}/restart", admin.restart_worker, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,

@@ -84,6 +84,11 @@ class RouterConfig:
     )
     block_tokens: int = _setting(256, "tokens per prefix-cache block (only full blocks are cached)")
     prefix_cache: bool = _setting(True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
+    cold_cache: bool = _setting(True, "keep prefix blocks on disk too (the kvstore process), so they survive memory pressure and restarts")
+    cold_cache_dir: Path | None = _setting(None, "where the SSD tier keeps its segments and index (default HOME/kvcache)")
+    max_disk_bytes: int = _setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
+    segment_bytes: int = _setting(64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
+    compression: str = _setting("lz4", "compression of SSD blocks", choices=("lz4", "none"))
     hot_cache_bytes: int = _setting(0, "in-memory prefix cache budget per worker in bytes; 0 lets the worker choose")
     max_context_tokens: int = _setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
     default_max_tokens: int = _setting(512, "output cap for requests that set no max_tokens")
@@ -118,6 +123,11 @@ class RouterConfig:
         _check(self)
 
     @property
+    def kv_cache_dir(self) -> Path:
+        """Directory of the SSD tier (segments + index)."""
+        return self.cold_cache_dir if self.cold_cache_dir is not None else self.home / "kvcache"
+
+    @property
     def models_dir(self) -> Path:
         """Directory model names resolve in, and where .gguf files are converted to."""
         return self.model_dir if self.model_dir is not None else self.home / "models"
@@ -135,7 +145,7 @@ def is_loopback(host: str) -> bool:
 
 def _check(config: RouterConfig) -> None:
     positive = ("sse_keepalive_s", "max_body_bytes", "max_num_seqs", "max_queue", "prefill_chunk_tokens",
-                "block_tokens", "default_max_tokens", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
+                "block_tokens", "default_max_tokens", "max_disk_bytes", "segment_bytes", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
                 "restart_backoff_s", "restart_backoff_max_s", "max_start_failures")
     for key in positive:
         if not getattr(config, key) > 0:

@@ -223,7 +223,7 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 _log_finish(parsed, event)
                 last = stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
                                     finish_reason=event.finish_reason, include_usage=include_usage)
-                last["mlxd"] = timings_extension(event.timings)
+                last["mlxd"] = timings_extension(event.timings, event.usage)
                 yield sse_data(last)
                 if include_usage:
                     yield sse_data(usage_chunk(kind, rid, model, created, event.usage))

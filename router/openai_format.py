@@ -65,9 +65,13 @@ def usage_chunk(kind: str, request_id: str, model: str, created: int, usage: Usa
     }
 
 
-def timings_extension(timings: Timings) -> dict[str, Any]:
-    """mlxd's own per-request timings, beside the OpenAI fields (clients ignore it)."""
-    return {"timings": {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}}
+def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str, Any]:
+    """mlxd's own per-request timings and cache use, beside the OpenAI fields (clients
+    ignore it)."""
+    extension: dict[str, Any] = {"timings": {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}}
+    if usage is not None:
+        extension["cache"] = {"cached_tokens": usage.cached_tokens, "ssd_tokens": usage.ssd_tokens}
+    return extension
 
 
 def completion_body(kind: str, request_id: str, model: str, created: int, text: str,
@@ -91,7 +95,7 @@ def completion_body(kind: str, request_id: str, model: str, created: int, text: 
         "model": model,
         "choices": [choice],
         "usage": usage_body(usage),
-        **({"mlxd": timings_extension(timings)} if timings is not None else {}),
+        **({"mlxd": timings_extension(timings, usage)} if timings is not None else {}),
     }
 
 

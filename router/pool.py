@@ -17,6 +17,7 @@ from typing import Any
 from protocol.errors import RequestError, WorkerDead
 from protocol.sockets import ipc_address, make_runtime_dir
 from router.config import RouterConfig
+from router.kvstore_supervisor import KVStoreSupervisor
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerSupervisor
 from router.worker_client import WorkerClient
 
@@ -41,6 +42,7 @@ class WorkerPool:
         self.supervisors: dict[str, WorkerSupervisor] = {}
         self.runtime_dir: Path | None = None
         self.client: WorkerClient | None = None
+        self.kvstore: KVStoreSupervisor | None = None
         self._started = False
 
     async def start(self) -> None:
@@ -56,6 +58,11 @@ class WorkerPool:
             for model_id, path in self.models.items()
         }
         try:
+            if self.config.cold_cache and self.config.prefix_cache:
+                self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir)
+                await self.kvstore.start()
+                for supervisor in self.supervisors.values():
+                    supervisor.kvstore_address = self.kvstore.address
             await asyncio.gather(*(s.start() for s in self.supervisors.values()))
         except BaseException:
             await self.stop()
@@ -67,6 +74,8 @@ class WorkerPool:
             return
         self._started = False
         await asyncio.gather(*(s.stop() for s in self.supervisors.values()), return_exceptions=True)
+        if self.kvstore is not None:  # last: the workers' final writes must reach it
+            await self.kvstore.stop()
         if self.client is not None:
             await self.client.close()
         if self.runtime_dir is not None:
@@ -100,7 +109,10 @@ class WorkerPool:
         return bool(self.supervisors) and all(s.state == "ready" for s in self.supervisors.values())
 
     def health(self) -> dict[str, Any]:
-        return {
+        health = {
             "status": "ok" if self.is_healthy() else "degraded",
             "workers": {model_id: s.health() for model_id, s in self.supervisors.items()},
         }
+        if self.kvstore is not None:
+            health["kvstore"] = self.kvstore.health()
+        return health

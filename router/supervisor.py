@@ -70,6 +70,8 @@ class WorkerSupervisor:
         self.last_error: str | None = None
         self.ready: Ready | None = None
         self.last_pong: Pong | None = None
+        self.kvstore_address = ""  # set by the pool when the SSD tier runs
+        self._restart_requested = False
         self.child: ChildProcess | None = None
         self.identity: bytes | None = None
         self._generation = 0
@@ -116,6 +118,25 @@ class WorkerSupervisor:
         if self.last_pong is not None and self.state == "ready":
             info["worker_active"] = self.last_pong.num_running
         return info
+
+    async def restart(self) -> None:
+        """Replace the worker on purpose: it drains in-flight requests and flushes its SSD
+        writes (Shutdown), exits, and a new one starts at once (no backoff, not counted as
+        a failure). Returns when the new worker is ready; raises WorkerDead otherwise."""
+        if self.state != "ready" or self.identity is None or self.child is None:
+            raise WorkerDead(self.unavailable_reason())
+        old_child = self.child
+        self._restart_requested = True
+        self.client.post(self.identity, Shutdown(drain_s=self.config.shutdown_drain_s))
+        self.state = "restarting"  # new requests get a 503 + Retry-After; in-flight ones drain
+        await asyncio.wait({old_child.exited}, timeout=self.config.shutdown_drain_s + self.config.kill_after_s + 15)
+        if not old_child.exited.done():
+            old_child.kill()
+        deadline = time.monotonic() + self.config.load_timeout_s
+        while not (self.state == "ready" and self.child is not old_child):
+            if self.state == "down" or time.monotonic() > deadline:
+                raise WorkerDead(self.unavailable_reason())
+            await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
         """Drain (Shutdown message), then SIGTERM, then SIGKILL; fails what is left."""
@@ -164,6 +185,11 @@ class WorkerSupervisor:
                         self._retire(reason)
                 if self._stop.is_set():
                     return
+                if self._restart_requested:  # asked for: start the next one right away
+                    self._restart_requested = False
+                    self.num_restarts += 1
+                    self.state = "restarting"
+                    continue
                 if lived_s >= STABLE_AFTER_S:  # a fresh crash, not a crash loop
                     backoff, num_failures = self.config.restart_backoff_s, 0
                 num_failures += 1
@@ -291,7 +317,8 @@ class WorkerSupervisor:
         return WorkerConfig(
             protocol_version=PROTOCOL_VERSION, model_id=self.model_id, model_path=str(self.model_path),
             max_num_seqs=c.max_num_seqs, max_queue=c.max_queue, prefill_chunk_tokens=c.prefill_chunk_tokens,
-            block_tokens=c.block_tokens, hot_cache_bytes=c.hot_cache_bytes, prefix_cache=c.prefix_cache, max_context_tokens=c.max_context_tokens,
+            block_tokens=c.block_tokens, hot_cache_bytes=c.hot_cache_bytes, prefix_cache=c.prefix_cache,
+            kvstore_address=self.kvstore_address, max_context_tokens=c.max_context_tokens,
             default_max_tokens=c.default_max_tokens, dtype=c.dtype, heartbeat_s=c.heartbeat_s,
         )
 
@@ -307,6 +334,8 @@ class WorkerSupervisor:
                 if self._stop.is_set():
                     return None
                 if self.child.exited.done():  # its last output is already in the log
+                    if self._restart_requested:
+                        return "restarted on request"
                     return f"exited unexpectedly ({describe_exit(self.child.exited.result())})"
                 silent_s = time.monotonic() - self.client.last_heard(self.identity)
                 if silent_s > self.config.ping_timeout_s:

@@ -146,9 +146,9 @@ class Engine:
         )
         if plan.keys is not None and self.prefix_cache.enabled:
             log.info(
-                "request %s: prefix hit %d/%d tokens: %d hot blocks + %d tail tokens, %d recomputed",
-                request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.tail_tokens,
-                len(prompt_ids) - cached,
+                "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
+                request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,
+                plan.tail_tokens, len(prompt_ids) - cached,
             )
         self._by_uid[uid] = seq
         self._by_request[request.request_id] = seq
@@ -158,6 +158,9 @@ class Engine:
         """Prefill pieces ending on block boundaries, so each block can be captured as it
         completes; `start` (the cached length) may sit inside a block after a tail hit."""
         n = self._segment_tokens
+        if len(remainder) <= n and not self.prefix_cache.snapshots:
+            # one step is enough; its whole blocks are captured when the request ends
+            return [remainder]
         first = (-start) % self.prefix_cache.block_tokens
         pieces = [remainder[:first]] if first else []
         pieces += [remainder[i : i + n] for i in range(first, len(remainder), n)]
@@ -291,7 +294,8 @@ class Engine:
                 if first > started else 0.0
             ),
         )
-        usage = Usage(len(seq.prompt_ids), seq.num_generated, seq.cached_tokens)
+        usage = Usage(len(seq.prompt_ids), seq.num_generated, seq.cached_tokens,
+                      seq.plan.ssd_blocks * self.prefix_cache.block_tokens)
         self._emit(FinishEvent(seq.request_id, finish_reason, usage, timings))
         self._forget(seq)
         log.info(

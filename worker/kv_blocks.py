@@ -47,24 +47,39 @@ def layer_kinds(model: nn.Module) -> list[str] | None:
             kinds.append(SLICE)
             continue
         try:
-            state = cache.state
-            _ = list(state) if state is not None else []
+            _flatten_state(cache.state, [])
         except Exception:  # a cache class without a usable state
             return None
         kinds.append(SNAPSHOT)
     return kinds
 
 
+def _flatten_state(obj: Any, arrays: list[mx.array]) -> Any:
+    """State tree -> a msgpack-able layout, collecting (copies of) its arrays in order."""
+    if isinstance(obj, mx.array):
+        arrays.append(mx.array(obj))
+        return ["a", len(arrays) - 1]
+    if isinstance(obj, (list, tuple)):
+        return ["l" if isinstance(obj, list) else "t", [_flatten_state(x, arrays) for x in obj]]
+    if obj is None or isinstance(obj, (int, float, str, bool)):
+        return ["s", obj]
+    raise TypeError(f"cache state holds a {type(obj).__name__}")
+
+
+def _rebuild_state(layout: Any, arrays: tuple[mx.array, ...]) -> Any:
+    kind, value = layout
+    if kind == "a":
+        return mx.array(arrays[value])  # the request's own copy: stored blocks stay as they are
+    if kind == "s":
+        return value
+    items = [_rebuild_state(x, arrays) for x in value]
+    return items if kind == "l" else tuple(items)
+
+
 def _snapshot(cache: Any) -> LayerBlock:
-    arrays, scalars, layout = [], [], []
-    for item in cache.state:
-        if isinstance(item, mx.array):
-            arrays.append(mx.array(item))
-            layout.append("a")
-        else:
-            scalars.append(item)
-            layout.append("s")
-    return LayerBlock(SNAPSHOT, tuple(arrays), (tuple(layout), *scalars))
+    arrays: list[mx.array] = []
+    layout = _flatten_state(cache.state, arrays)
+    return LayerBlock(SNAPSHOT, tuple(arrays), (layout,))
 
 
 def _snapshots(caches: list[Any], kinds: list[str]) -> dict[int, LayerBlock]:
@@ -121,8 +136,5 @@ def assemble(model: nn.Module, blocks: list[BlockPayload]) -> list[Any]:
             values = mx.concatenate([blk.layers[i].arrays[1] for blk in blocks], axis=2)
             cache.state = (keys, values, keys.shape[2])
         else:
-            layout, *scalars = layer.scalars
-            arrays, scalar_iter = iter(layer.arrays), iter(scalars)
-            state = [mx.array(next(arrays)) if kind == "a" else next(scalar_iter) for kind in layout]
-            cache.state = state
+            cache.state = _rebuild_state(layer.scalars[0], layer.arrays)
     return caches

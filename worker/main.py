@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -31,6 +32,9 @@ from protocol.messages import (
     WorkerConfig,
 )
 from protocol.sockets import make_socket
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
 
 log = logging.getLogger("worker")
 
@@ -143,6 +147,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     # Imported here so the BLAS binding in __main__ happens before MLX loads.
     from worker.engine import Engine
     from worker.model_loader import load_for_serving
+    from worker.cold_tier import ColdTier
     from worker.prefix_cache import PrefixCache
 
     try:
@@ -161,12 +166,14 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         loaded.weights_bytes / 1e6, loaded.context_length,
     )
     budget = hot_cache_budget(config.hot_cache_bytes, loaded.weights_bytes)
+    cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and config.prefix_cache else None
     prefix_cache = PrefixCache(
-        loaded.model, loaded.fingerprint, config.block_tokens, budget, enabled=config.prefix_cache
+        loaded.model, loaded.fingerprint, config.block_tokens, budget, enabled=config.prefix_cache, cold=cold
     )
     log.info(
-        "prefix cache %s: blocks of %d tokens, hot tier %.0f MB",
+        "prefix cache %s: blocks of %d tokens, hot tier %.0f MB, SSD tier %s",
         "on" if prefix_cache.enabled else "off", config.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
+        config.kvstore_address or "off",
     )
     engine = Engine(loaded, config, channel.send, prefix_cache)
     channel.send(Ready(
@@ -184,7 +191,18 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         eos_token_ids=engine.eos_token_ids,
         hot_cache_bytes=prefix_cache.hot.budget_bytes,
     ))
+    try:
+        return _loop(channel, engine, parent_pid, flags)
+    finally:
+        if cold is not None:
+            # graceful shutdown: blocks handed to the cold tier reach the disk
+            log.info("flushing %d pending SSD writes", cold.queue_depth())
+            cold.flush()
+            cold.close()
 
+
+def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags) -> int:
+    """Requests in, steps, events out, until told to stop or orphaned."""
     while True:
         if os.getppid() != parent_pid:
             log.warning("router went away; exiting")

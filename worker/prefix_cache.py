@@ -20,6 +20,7 @@ from typing import Any
 import mlx.nn as nn
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
+from worker.cold_tier import ColdTier
 from worker.hot_cache import HotCache
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
 
@@ -53,6 +54,7 @@ class PrefixPlan:
     salt: str | None = None
     cached_tokens: int = 0
     hot_blocks: int = 0
+    ssd_blocks: int = 0
     tail_tokens: int = 0
     captured_blocks: int = 0  # whole blocks known to be stored, from the start
     caches: list[Any] | None = field(default=None, repr=False)
@@ -66,8 +68,9 @@ class PrefixCache:
     """
 
     def __init__(self, model: nn.Module, fingerprint: bytes, block_tokens: int, budget_bytes: int,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, cold: ColdTier | None = None) -> None:
         self.model = model
+        self.cold = cold
         self.fingerprint = fingerprint
         self.block_tokens = block_tokens
         self.hot = HotCache(budget_bytes if enabled else 0)
@@ -99,8 +102,15 @@ class PrefixCache:
         # At least one prompt token must be left to prefill: it yields the first logits.
         usable = (len(prompt_ids) - 1) // block
         run: list[BlockPayload] = self.hot.longest_run(keys[:usable]) if usable else []
-        plan = PrefixPlan(keys=keys, salt=salt)
-        plan.hot_blocks = plan.captured_blocks = len(run)
+        plan = PrefixPlan(keys=keys, salt=salt, hot_blocks=len(run))
+        if self.cold is not None and len(run) < usable:
+            # the hot run ended early: continue it from SSD, and keep what comes back hot
+            fetched = self.cold.fetch_run(keys[len(run) : usable])
+            for key, payload in zip(keys[len(run) :], fetched):
+                self.hot.put(key, payload, payload.nbytes)
+            run += fetched
+            plan.ssd_blocks = len(fetched)
+        plan.captured_blocks = len(run)
         start = len(run) * block
         tail = self._find_tail(self._parent(keys, len(run), salt), prompt_ids[start : len(prompt_ids) - 1])
         if tail is not None:
@@ -156,7 +166,10 @@ class PrefixCache:
             plan.keys = chain_keys(self.fingerprint, tokens, block, plan.salt)
         start = plan.captured_blocks
         for offset, payload in enumerate(slice_blocks(caches, self.kinds, start, complete, block)):
-            self.hot.put(plan.keys[start + offset], payload, payload.nbytes)
+            key = plan.keys[start + offset]
+            self.hot.put(key, payload, payload.nbytes)
+            if self.cold is not None:
+                self.cold.store(key, payload)
         plan.captured_blocks = complete
         return complete - start
 
@@ -185,7 +198,12 @@ class PrefixCache:
 
     def stats(self) -> dict[str, int]:
         s = self.hot.stats
+        cold = self.cold.stats if self.cold is not None else None
         return {
+            "ssd_fetched_blocks": cold.fetched_blocks if cold else 0,
+            "ssd_queued_blocks": cold.queued_blocks if cold else 0,
+            "ssd_dropped_blocks": cold.dropped_blocks if cold else 0,
+            "ssd_write_queue": self.cold.queue_depth() if self.cold else 0,
             "hot_bytes": self.hot.used_bytes,
             "hot_budget_bytes": self.hot.budget_bytes,
             "hot_blocks": len(self.hot),

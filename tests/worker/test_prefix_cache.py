@@ -19,10 +19,10 @@ SYSTEM = "You are a careful assistant. " + " ".join(f"Rule {i}: answer briefly a
 class Harness:
     """One engine on one model, run to completion request by request."""
 
-    def __init__(self, loaded, *, cache: bool = True, budget: int = 1 << 30, chunk: int = 64) -> None:
+    def __init__(self, loaded, *, cache: bool = True, budget: int = 1 << 30, chunk: int = 64, cold=None) -> None:
         self.events: list = []
         config = WorkerConfig(1, "tiny", "-", block_tokens=BLOCK, prefill_chunk_tokens=chunk, max_num_seqs=4)
-        self.cache = PrefixCache(loaded.model, loaded.fingerprint, BLOCK, budget, enabled=cache)
+        self.cache = PrefixCache(loaded.model, loaded.fingerprint, BLOCK, budget, enabled=cache, cold=cold)
         self.engine = Engine(loaded, config, self.events.append, self.cache)
         self._next = 0
 

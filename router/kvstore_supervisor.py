@@ -1,0 +1,144 @@
+"""Keeps the kvstore process (the SSD cold tier shared by all workers) running.
+
+The kvstore binds its own socket; workers connect to it directly. The router only starts
+it before the workers, restarts it with backoff if it dies (workers treat it as a miss
+meanwhile and ZeroMQ reconnects them), asks it for stats, and stops it last so pending
+writes reach the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError
+from protocol.messages import KVStats, KVStatsResult
+from protocol.sockets import ipc_address, make_socket
+from router.child_process import ChildProcess, describe_exit
+from router.config import RouterConfig
+
+logger = logging.getLogger(__name__)
+
+_STARTUP_TIMEOUT_S = 60.0
+
+
+class KVStoreSupervisor:
+    """One kvstore child: spawn, watch, restart, stop.
+
+    `address` is fixed for the router's life (a path in the private runtime dir), so a
+    restarted kvstore is found again by every worker without telling them.
+    """
+
+    def __init__(self, config: RouterConfig, runtime_dir: Path) -> None:
+        self.config = config
+        self.address = ipc_address(runtime_dir, "kvstore")
+        self._socket_path = Path(self.address.removeprefix("ipc://"))
+        self.root = config.kv_cache_dir
+        self.child: ChildProcess | None = None
+        self.state = "stopped"
+        self.num_restarts = 0
+        self.last_error: str | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._ids = itertools.count(1)
+        self._context = zmq.asyncio.Context.instance()
+        self._query_lock = asyncio.Lock()
+
+    def _argv(self) -> list[str]:
+        c = self.config
+        argv = [sys.executable, "-m", "kvstore", "--bind", self.address, "--root", str(self.root),
+                "--max-disk-bytes", str(c.max_disk_bytes), "--segment-bytes", str(c.segment_bytes),
+                "--compression", c.compression]
+        return argv
+
+    async def start(self) -> None:
+        """Spawn it and wait until its socket is bound (or it died: then raise)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        await self._spawn()
+        self._watcher = asyncio.create_task(self._watch())
+
+    async def _spawn(self) -> None:
+        self._socket_path.unlink(missing_ok=True)
+        self.state = "starting"
+        self.child = ChildProcess(self._argv(), label="kvstore")
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while not self._socket_path.exists():
+            if self.child.exited.done():
+                tail = await self.child.output_tail()
+                self.state = "down"
+                self.last_error = f"kvstore {describe_exit(self.child.exited.result())}"
+                raise RuntimeError(f"{self.last_error}:\n{tail}")
+            if time.monotonic() > deadline:
+                self.child.kill()
+                raise RuntimeError(f"kvstore did not bind {self.address} within {_STARTUP_TIMEOUT_S:.0f} s")
+            await asyncio.sleep(0.05)
+        self.state = "ready"
+        logger.info("kvstore ready (pid %d): %s, cap %.1f GB", self.child.pid, self.root,
+                    self.config.max_disk_bytes / 1e9)
+
+    async def _watch(self) -> None:
+        delay = self.config.restart_backoff_s
+        while not self._stopping:
+            assert self.child is not None
+            code = await asyncio.shield(self.child.exited)
+            if self._stopping:
+                return
+            self.state = "restarting"
+            self.last_error = f"kvstore {describe_exit(code)}"
+            logger.warning("%s; restarting in %.1f s (workers miss the SSD tier meanwhile)", self.last_error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.restart_backoff_max_s)
+            try:
+                await self._spawn()
+                self.num_restarts += 1
+            except RuntimeError as exc:
+                logger.error("kvstore restart failed: %s", exc)
+
+    async def stats(self, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        """The kvstore's own counters, or None if it does not answer in time."""
+        if self.state != "ready":
+            return None
+        async with self._query_lock:
+            sock = make_socket(self._context, zmq.DEALER, self.address, bind=False)
+            try:
+                request_id = next(self._ids)
+                await sock.send_multipart(encode(KVStats(request_id)))
+                deadline = time.monotonic() + timeout_s
+                while (left := deadline - time.monotonic()) > 0:
+                    if not await sock.poll(int(left * 1000) + 1):
+                        break
+                    with contextlib.suppress(ProtocolError):
+                        answer, _ = decode(await sock.recv_multipart())
+                        if isinstance(answer, KVStatsResult) and answer.request_id == request_id:
+                            return answer.stats
+                return None
+            finally:
+                sock.close(linger=0)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "pid": self.child.pid if self.child is not None and self.child.alive() else None,
+            "restarts": self.num_restarts,
+            "last_error": self.last_error,
+            "root": str(self.root),
+        }
+
+    async def stop(self) -> None:
+        """SIGTERM (it flushes pending writes and syncs its index), then SIGKILL."""
+        self._stopping = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self.child is not None:
+            await self.child.stop(max(self.config.kill_after_s, 10.0))
+        self.state = "stopped"

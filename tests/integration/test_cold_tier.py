@@ -1,0 +1,73 @@
+"""The SSD tier on the real default model: prefixes survive a worker restart and a full
+service restart, and answers restored from disk equal answers computed from scratch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.service import Service
+
+pytestmark = pytest.mark.timeout(600)
+
+SYSTEM = ("You are a release assistant. " +
+          " ".join(f"Step {i}: check that package {i} builds, then tag it as v{i}.0." for i in range(40)))
+MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is step 12?"}]
+
+
+def ask(svc: Service, model: str, salt: str) -> dict:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 20, "temperature": 0, "cache_salt": salt}
+    r = httpx.post(f"{svc.base_url}/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+def start(default_model_dir: Path, home: Path) -> Service:
+    svc = Service(["--model", str(default_model_dir)], home=home)
+    svc.wait_ready()
+    return svc
+
+
+def test_worker_restart_restores_the_prefix_from_ssd(default_model_dir: Path, home: Path) -> None:
+    svc = start(default_model_dir, home)
+    try:
+        model = httpx.get(f"{svc.base_url}/v1/models").json()["data"][0]["id"]
+        scratch = ask(svc, model, "ssd-1")
+        assert scratch["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        pid = svc.health()["workers"][model]["pid"]
+        r = httpx.post(f"{svc.base_url}/admin/workers/{model}/restart", timeout=300)
+        assert r.status_code == 200, r.text
+        assert r.json()["pid"] != pid and r.json()["state"] == "ready"
+        restored = ask(svc, model, "ssd-1")
+        cache = restored["mlxd"]["cache"]
+        assert cache["ssd_tokens"] >= 512
+        assert restored["usage"]["prompt_tokens_details"]["cached_tokens"] >= cache["ssd_tokens"]
+        assert restored["choices"][0]["message"]["content"] == scratch["choices"][0]["message"]["content"]
+        assert "ssd blocks" in svc.log_text()
+    finally:
+        svc.stop()
+
+
+def test_full_service_restart_keeps_the_cache(default_model_dir: Path, home: Path) -> None:
+    svc = start(default_model_dir, home)
+    try:
+        model = httpx.get(f"{svc.base_url}/v1/models").json()["data"][0]["id"]
+        scratch = ask(svc, model, "ssd-2")
+    finally:
+        svc.stop()  # graceful: pending SSD writes are flushed
+    svc = start(default_model_dir, home)
+    try:
+        restored = ask(svc, model, "ssd-2")
+        assert restored["mlxd"]["cache"]["ssd_tokens"] >= 512
+        assert restored["choices"][0]["message"]["content"] == scratch["choices"][0]["message"]["content"]
+        # and the first module's prefix (another salt) is still on disk too
+        assert ask(svc, model, "ssd-1")["mlxd"]["cache"]["ssd_tokens"] >= 512
+    finally:
+        svc.stop()

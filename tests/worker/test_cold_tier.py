@@ -1,0 +1,62 @@
+"""Restores from a real kvstore process equal computation from scratch, for a sliceable
+(llama) and a snapshot-type (lfm2: ArraysCache + KVCache) model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from protocol.sockets import ipc_address
+from tests.worker.test_prefix_cache import BLOCK, Harness, chat
+from tests.worker.tiny_models import make_tiny
+from worker.cold_tier import ColdTier
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture()
+def kvstore(tmp_path: Path) -> Iterator[str]:
+    runtime = Path(tempfile.mkdtemp(prefix="kvt-", dir="/tmp"))
+    address = ipc_address(runtime, "kv")
+    proc = subprocess.Popen([sys.executable, "-m", "kvstore", "--bind", address, "--root", str(tmp_path / "kv")])
+    deadline = time.monotonic() + 30
+    while not (runtime / "kv").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "kvstore did not start"
+        time.sleep(0.05)
+    yield address
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("arch", ["llama", "lfm2"])
+def test_restore_from_ssd_equals_scratch(arch: str, kvstore: str, default_model_dir: Path) -> None:
+    tiny = make_tiny(arch, default_model_dir)
+    question = chat("What is topic 4?")
+    writer = Harness(tiny, cold=ColdTier(kvstore, f"tiny-{arch}"))
+    expected, first = writer.ask(question)
+    assert first.usage.cached_tokens == 0
+    assert writer.cache.cold.flush()
+    writer.cache.cold.close()
+
+    # a new engine (as after a worker restart): empty hot tier, same kvstore
+    reader = Harness(tiny, cold=ColdTier(kvstore, f"tiny-{arch}"))
+    got, second = reader.ask(question)
+    assert got == expected
+    assert second.usage.ssd_tokens >= 4 * BLOCK
+    assert second.usage.cached_tokens >= second.usage.ssd_tokens
+    reader.cache.cold.close()
+
+
+def test_a_dead_kvstore_is_a_miss_not_a_failure(default_model_dir: Path) -> None:
+    tiny = make_tiny("llama", default_model_dir)
+    nowhere = ipc_address(Path(tempfile.mkdtemp(prefix="kvt-", dir="/tmp")), "none")
+    h = Harness(tiny, cold=ColdTier(nowhere, "tiny"))
+    ids, finish = h.ask(chat("What is topic 4?"))
+    assert ids and finish.usage.ssd_tokens == 0
+    h.cache.cold.close()
