@@ -205,6 +205,7 @@ class Usage:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (hot or SSD)
     ssd_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
+    ssd_bytes: int = 0  # KV bytes those blocks carried (as stored by the worker)
 
 
 @dataclass
@@ -215,6 +216,7 @@ class Timings:
     decode_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     prompt_tokens_per_s: float = 0.0
+    ssd_fetch_s: float = 0.0  # lookup + read + decode of the blocks restored from SSD
 
 
 @dataclass

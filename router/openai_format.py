@@ -70,7 +70,8 @@ def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str,
     ignore it)."""
     extension: dict[str, Any] = {"timings": {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}}
     if usage is not None:
-        extension["cache"] = {"cached_tokens": usage.cached_tokens, "ssd_tokens": usage.ssd_tokens}
+        extension["cache"] = {"cached_tokens": usage.cached_tokens, "ssd_tokens": usage.ssd_tokens,
+                              "ssd_bytes": usage.ssd_bytes}
     return extension
 
 

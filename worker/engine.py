@@ -144,6 +144,10 @@ class Engine:
             plan=plan,
             cached_tokens=cached,
         )
+        if plan.ssd_blocks:
+            log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
+                     request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
+                     plan.ssd_bytes / 1e6 / plan.ssd_fetch_s if plan.ssd_fetch_s else 0.0)
         if plan.keys is not None and self.prefix_cache.enabled:
             log.info(
                 "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
@@ -293,9 +297,10 @@ class Engine:
                 (len(seq.prompt_ids) - seq.cached_tokens) / (first - started)
                 if first > started else 0.0
             ),
+            ssd_fetch_s=seq.plan.ssd_fetch_s,
         )
         usage = Usage(len(seq.prompt_ids), seq.num_generated, seq.cached_tokens,
-                      seq.plan.ssd_blocks * self.prefix_cache.block_tokens)
+                      seq.plan.ssd_blocks * self.prefix_cache.block_tokens, seq.plan.ssd_bytes)
         self._emit(FinishEvent(seq.request_id, finish_reason, usage, timings))
         self._forget(seq)
         log.info(

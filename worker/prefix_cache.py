@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,8 @@ class PrefixPlan:
     cached_tokens: int = 0
     hot_blocks: int = 0
     ssd_blocks: int = 0
+    ssd_bytes: int = 0
+    ssd_fetch_s: float = 0.0
     tail_tokens: int = 0
     captured_blocks: int = 0  # whole blocks known to be stored, from the start
     caches: list[Any] | None = field(default=None, repr=False)
@@ -105,7 +108,10 @@ class PrefixCache:
         plan = PrefixPlan(keys=keys, salt=salt, hot_blocks=len(run))
         if self.cold is not None and len(run) < usable:
             # the hot run ended early: continue it from SSD, and keep what comes back hot
+            started = time.perf_counter()
             fetched = self.cold.fetch_run(keys[len(run) : usable])
+            plan.ssd_fetch_s = time.perf_counter() - started
+            plan.ssd_bytes = sum(p.nbytes for p in fetched)
             for key, payload in zip(keys[len(run) :], fetched):
                 self.hot.put(key, payload, payload.nbytes)
             run += fetched
