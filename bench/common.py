@@ -291,10 +291,13 @@ def _wait_ready(server: Server, is_ready: Callable[[httpx.Response], bool]) -> N
 
 @contextlib.contextmanager
 def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens: int = 512,
-                extra_args: list[str] | None = None) -> Iterator[Server]:
-    """`mlxd serve` on a free port with a throwaway home (no prefix cache carried over)."""
+                extra_args: list[str] | None = None, home: Path | None = None) -> Iterator[Server]:
+    """`mlxd serve` on a free port with a throwaway home (no prefix cache carried over).
+
+    With `home`, that directory is used and kept: a restarted service finds its SSD cache."""
     port = free_port()
-    home = Path(tempfile.mkdtemp(prefix="mlxd-bench-"))
+    keep_home = home is not None
+    home = home if home is not None else Path(tempfile.mkdtemp(prefix="mlxd-bench-"))
     command = [
         MLXD, "serve", "--port", str(port), "--model", str(model_dir), "--home", str(home),
         "--max-num-seqs", str(max_num_seqs), "--prefill-chunk-tokens", str(prefill_chunk_tokens),
@@ -315,7 +318,8 @@ def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens:
         yield server
     finally:
         server.stop()
-        shutil.rmtree(home, ignore_errors=True)
+        if not keep_home:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -353,6 +357,7 @@ class StreamResult:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None  # from the server's usage chunk
     finish_reason: str | None = None
+    extension: dict[str, Any] = field(default_factory=dict)  # mlxd's "mlxd" field (timings, cache)
 
     @property
     def ttft_s(self) -> float | None:
@@ -383,6 +388,8 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, body: dict[st
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"stream error from {base_url}: {chunk['error']}")
+            if isinstance(extension := chunk.get("mlxd"), dict):
+                result.extension.update(extension)
             if usage := chunk.get("usage"):
                 result.prompt_tokens = usage.get("prompt_tokens")
                 result.completion_tokens = usage.get("completion_tokens")

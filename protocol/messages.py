@@ -109,6 +109,7 @@ class Pong(Message):
     sent_at: float
     num_running: int = 0
     num_waiting: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)  # memory and cache counters for /admin/status
 
 
 @dataclass
@@ -155,6 +156,8 @@ class AddRequest(Message):
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str | None = None
     want_progress: bool = False
+    # prompt + output cap from the model's profile; None: the worker's own context length
+    context_limit: int | None = None
 
 
 @dataclass

@@ -1,27 +1,166 @@
-"""Routes for operators: `POST /admin/workers/{model}/restart` (more in the admin issue)."""
+"""Routes for operators and their scripts: the JSON status, and load / unload / pin /
+unpin / restart of one model. The status schema is documented in the README and
+checked by a test; keep the three in step."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
+from typing import Any
 
+import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from router.pool import WorkerPool
 
 
+def _pool(request: Request) -> WorkerPool:
+    return request.app.state.pool
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("mlxd")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _rate(values: list[float]) -> float | None:
+    values = [v for v in values if v > 0]
+    return round(sum(values) / len(values), 2) if values else None
+
+
+def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]:
+    entry = pool.registry[model_id]
+    supervisor = pool.supervisors.get(model_id)
+    pid = supervisor.child.pid if supervisor and supervisor.child and supervisor.child.alive() else None
+    worker_stats = (supervisor.last_pong.stats if supervisor and supervisor.last_pong else {}) or {}
+    ttl = pool.ttl_s(model_id)
+    last_used = pool.last_used.get(model_id)
+    recent = pool.recent.get(model_id, [])
+    hits, misses = worker_stats.get("hits", 0), worker_stats.get("misses", 0)
+    loaded = supervisor is not None
+    return {
+        "id": model_id,
+        "kind": entry.kind,
+        "state": pool.state_of(model_id),
+        "pinned": model_id in pool.pinned,
+        "ttl_s": ttl or None,
+        "ttl_left_s": (round(max(0.0, ttl - (now - last_used)), 1)
+                       if ttl and loaded and last_used and model_id not in pool.pinned else None),
+        "last_used": last_used,
+        "pid": pid,
+        "rss_bytes": WorkerPool._rss(supervisor) if supervisor else 0,
+        "estimated_bytes": pool.need_bytes(entry),
+        "requests_in_flight": pool._in_flight(model_id),
+        "restarts": supervisor.num_restarts if supervisor else 0,
+        "recent_prompt_tok_s": _rate([e.timings.prompt_tokens_per_s for e in recent]),
+        "recent_decode_tok_s": _rate([e.timings.decode_tokens_per_s for e in recent]),
+        "hot_cache": {
+            "bytes": worker_stats.get("hot_bytes", 0),
+            "budget_bytes": supervisor.ready.hot_cache_bytes if supervisor and supervisor.ready else 0,
+            "blocks": worker_stats.get("hot_blocks", 0),
+            "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
+        },
+    }
+
+
+async def _kvstore_status(pool: WorkerPool) -> dict[str, Any] | None:
+    if pool.kvstore is None:
+        return None
+    stats = await pool.kvstore.stats() or {}
+    pongs = [s.last_pong.stats for s in pool.supervisors.values() if s.last_pong is not None]
+    hits, misses = stats.get("hits", 0), stats.get("misses", 0)
+    return {
+        **pool.kvstore.health(),
+        "bytes": stats.get("disk_bytes"),
+        "max_bytes": stats.get("max_disk_bytes"),
+        "blocks": stats.get("num_blocks"),
+        "segments": stats.get("num_segments"),
+        "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
+        "write_queue_depth": sum(p.get("ssd_write_queue", 0) for p in pongs),
+        "dropped_writes": stats.get("dropped", 0) + sum(p.get("ssd_dropped_blocks", 0) for p in pongs),
+        "evictions": stats.get("evictions"),
+        "namespaces": stats.get("namespaces", {}),
+    }
+
+
+async def status(request: Request) -> Response:
+    """GET /admin/status: everything an ops script needs, in one JSON object."""
+    pool = _pool(request)
+    now = time.time()
+    memory = psutil.virtual_memory()
+    models = [_model_status(pool, m, now) for m in pool.models]
+    body = {
+        "version": _version(),
+        "uptime_s": round(now - pool.started_at, 1),
+        "memory": {
+            "total_bytes": memory.total,
+            "available_bytes": memory.available,
+            "budget_bytes": pool.budget_bytes,
+            "used_bytes": pool.used_bytes(),
+            "workers": {m["id"]: m["rss_bytes"] for m in models if m["pid"] is not None},
+        },
+        "models": models,
+        "kvstore": await _kvstore_status(pool),
+        "requests": [
+            {
+                "id": s.request_id,
+                "model": s.model,
+                "user_agent": s.user_agent,
+                "state": s.phase,
+                "tokens": s.num_tokens,
+                "age_s": round(now - s.created, 2),
+            }
+            for s in (pool.client.open_requests() if pool.client else [])
+        ],
+    }
+    return JSONResponse(body)
+
+
+async def load_model(request: Request) -> Response:
+    pool = _pool(request)
+    model_id, _ = pool.resolve(request.path_params["model_id"])
+    started = time.monotonic()
+    await pool.load(model_id)
+    pool.last_used[model_id] = time.time()
+    return JSONResponse({"model": model_id, "state": pool.state_of(model_id),
+                         "load_s": round(time.monotonic() - started, 3)})
+
+
+async def unload_model(request: Request) -> Response:
+    pool = _pool(request)
+    model_id, _ = pool.resolve(request.path_params["model_id"])
+    await pool.unload(model_id)
+    return JSONResponse({"model": model_id, "state": pool.state_of(model_id)})
+
+
+async def pin_model(request: Request) -> Response:
+    pool = _pool(request)
+    model_id, _ = pool.resolve(request.path_params["model_id"])
+    pool.pin(model_id)
+    return JSONResponse({"model": model_id, "pinned": True})
+
+
+async def unpin_model(request: Request) -> Response:
+    pool = _pool(request)
+    model_id, _ = pool.resolve(request.path_params["model_id"])
+    pool.unpin(model_id)
+    return JSONResponse({"model": model_id, "pinned": False})
+
+
 async def restart_worker(request: Request) -> Response:
     """Restart one model's worker: in-flight requests drain, pending SSD writes are
     flushed, and the new worker restores prefixes from the SSD tier. Answers when the
     new worker is ready."""
-    pool: WorkerPool = request.app.state.pool
-    model_id = request.path_params["model_id"]
-    supervisor = pool.get(model_id)  # 404 in OpenAI's shape if unknown
+    pool = _pool(request)
+    supervisor = pool.get(request.path_params["model_id"])
     old_pid = supervisor.child.pid if supervisor.child is not None else None
     started = time.monotonic()
     await supervisor.restart()
     return JSONResponse({
-        "model": model_id,
+        "model": supervisor.model_id,
         "old_pid": old_pid,
         "pid": supervisor.child.pid if supervisor.child is not None else None,
         "state": supervisor.state,

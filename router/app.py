@@ -36,6 +36,11 @@ def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
         Route("/v1/models/{model_id:path}", openai_api.get_model, methods=["GET"]),
         Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/admin/status", admin.status, methods=["GET"]),
+        Route("/admin/models/{model_id:path}/load", admin.load_model, methods=["POST"]),
+        Route("/admin/models/{model_id:path}/unload", admin.unload_model, methods=["POST"]),
+        Route("/admin/models/{model_id:path}/pin", admin.pin_model, methods=["POST"]),
+        Route("/admin/models/{model_id:path}/unpin", admin.unpin_model, methods=["POST"]),
         Route("/admin/workers/{model_id:path}/restart", admin.restart_worker, methods=["POST"]),
     ]
     app = Starlette(

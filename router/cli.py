@@ -1,7 +1,7 @@
-"""The `mlxd` command: `serve` (the router process) and `convert` (GGUF -> MLX directory).
+"""The `mlxd` command: `serve` (the router process), `config show`, `convert` (GGUF -> MLX).
 
 `serve` flags are generated from `RouterConfig`'s fields, so every setting is a flag
-with its one line of why as help text.
+with its one line of why as help text; the same names are the config file's keys.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import importlib.metadata
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -20,7 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from router.config import ConfigError, RouterConfig, make_config, setting_types
+from protocol.errors import RequestError
+from router.config import TABLES, ConfigError, RouterConfig, flag_name, setting_types
+from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
+from router.config_file import load_config, render_toml
 from router.model_files import ModelNotFound, gguf_command, resolve_model
 from router.pool import WorkerPool
 from router.server import make_server
@@ -29,7 +31,6 @@ from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
 logger = logging.getLogger(__name__)
 
 CONVERT_DTYPES = ("native", "float32", "float16", "bfloat16")
-API_KEY_ENV = "MLXD_API_KEY"
 
 
 def version() -> str:
@@ -39,24 +40,23 @@ def version() -> str:
         return "unknown (not installed)"
 
 
-def flag_name(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 def _metavar(key: str, kind: type) -> str:
     if kind is int:
         return "N"
     if kind is float:
         return "SECONDS" if key.endswith("_s") else "X"
-    return {"api_key": "KEY", "home": "DIR", "model_dir": "DIR", "model": "MODEL"}.get(key, key.upper())
+    return {"api_key": "KEY", "home": "DIR", "model_dir": "DIR", "model": "MODEL", "config": "PATH",
+            "pin": "NAME", "cold_cache_dir": "DIR"}.get(key, key.upper())
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     types = setting_types()
     for f in dataclasses.fields(RouterConfig):
+        if f.name in TABLES:  # tables live in the config file only
+            continue
         kind = types[f.name]
         help_text = f.metadata["help"]
-        if f.default is not dataclasses.MISSING and f.default is not None:
+        if f.default not in (dataclasses.MISSING, None, ()):
             help_text += f" (default: {f.default})"
         if kind is bool:
             parser.add_argument(
@@ -69,6 +69,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             dest=f.name,
             type=kind if kind in (int, float) else str,
             choices=f.metadata.get("choices"),
+            action="append" if f.metadata.get("repeatable") else "store",
             default=argparse.SUPPRESS,  # only flags given on the command line override
             metavar=None if f.metadata.get("choices") else _metavar(f.name, kind),
             help=help_text,
@@ -89,6 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "(OpenAI-compatible). Prints one 'mlxd ready on ...' line when it accepts requests.",
     )
     _add_setting_flags(serve)
+    config = commands.add_parser(
+        "config",
+        help="inspect the configuration",
+        description="Settings come from defaults < the config file (HOME/config.toml or --config) < flags.",
+    )
+    config_commands = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    show = config_commands.add_parser(
+        "show",
+        help="print the effective configuration as TOML",
+        description="Print the configuration `mlxd serve` would run with, given the same config file "
+                    "and flags, as a config file; each setting's comment says where its value came from.",
+    )
+    _add_setting_flags(show)
     convert = commands.add_parser(
         "convert",
         help="convert a .gguf file into an MLX model directory",
@@ -103,12 +117,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given on the command line (flags not given are absent, not defaulted)."""
+    return {k: v for k, v in vars(args).items() if k not in ("command", "config_command")}
+
+
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
-    """Defaults < CLI flags (a config file will slot in between). Raises ConfigError."""
-    overrides: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "command"}
-    if "api_key" not in overrides and os.environ.get(API_KEY_ENV):
-        overrides["api_key"] = os.environ[API_KEY_ENV]  # keeps the key out of `ps` output
-    return make_config(overrides)
+    """Defaults < config file < $MLXD_API_KEY < CLI flags. Raises ConfigError."""
+    return load_config(given_flags(args)).config
+
+
+def describe_config_error(exc: ConfigError) -> str:
+    """Where to fix a bad setting: `FILE: key: message`, `--flag: message` or `$ENV: message`."""
+    source = exc.source or ""
+    if source.startswith("$"):
+        return f"{source}: {exc.message}"
+    if source and not source.startswith("--"):
+        return str(exc)  # a config file: its path, the key, the message
+    return f"{flag_name(exc.key)}: {exc.message}" if exc.key else exc.message
 
 
 def configure_logging(level: str) -> None:
@@ -161,7 +187,7 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
             return 130
         try:
             starting.result()
-        except WorkerStartupError as exc:
+        except (WorkerStartupError, RequestError) as exc:
             print(f"mlxd: {exc}", file=sys.stderr)
             return 1
         server = make_server(config, pool)
@@ -182,6 +208,8 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
 
 def serve(config: RouterConfig) -> int:
     configure_logging(config.log_level)
+    if config.config is not None:
+        logger.info("settings from %s (then flags)", config.config)
     try:
         model_id, path = resolve_model(config)
     except ModelNotFound as exc:
@@ -205,10 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "convert":
         return convert(args.src, args.dest, args.dtype)
+    command = "config show" if args.command == "config" else args.command
     try:
-        config = config_from_args(args)
+        loaded = load_config(given_flags(args))
     except ConfigError as exc:
-        print(f"mlxd serve: error: {flag_name(exc.key)}: {exc.message}", file=sys.stderr)
+        print(f"mlxd {command}: error: {describe_config_error(exc)}", file=sys.stderr)
         return 2
-    return serve(config)
+    if args.command == "config":
+        sys.stdout.write(render_toml(loaded))
+        return 0
+    return serve(loaded.config)
 

@@ -1,23 +1,39 @@
-"""The router's configuration: one frozen dataclass, built from defaults < (config file) < flags.
+"""The router's configuration: one frozen dataclass, built from defaults < config file < flags.
 
 Every field is a setting with a default that is safe on a developer's laptop; its `help`
 metadata is the one line of why, shown by `mlxd serve --help`. The CLI derives one flag
-per field, and a config file (later) will map its keys onto the same names.
+per scalar field and `router.config_file` reads the same names as TOML keys. The two
+tables, `models` (per-model settings) and `profiles` (named request defaults sharing a
+model's engine), exist in the config file only.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import ipaddress
+import math
 import os
+import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import psutil
+
+from protocol.errors import RequestError
+from router.validation import parse_sampling
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+TABLES = ("models", "profiles")  # settings that are TOML tables, so they exist in the config file only
+MEMORY_RESERVE_BYTES = 8 << 30  # what the automatic memory budget leaves to the OS and other apps
+MIN_MEMORY_BUDGET_BYTES = 2 << 30  # the automatic budget never goes below this, even on a small machine
+
+V = TypeVar("V")
 
 
 def default_home() -> Path:
@@ -29,13 +45,123 @@ def _setting(default: Any, why: str, **extra: Any) -> Any:
     return field(default=default, metadata={"help": why, **extra})
 
 
-class ConfigError(ValueError):
-    """An invalid setting; `key` names the field (the CLI shows it as `--key-name`)."""
+def flag_name(key: str) -> str:
+    """The command-line flag of setting `key` (`max_num_seqs` -> `--max-num-seqs`)."""
+    return "--" + key.replace("_", "-")
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
+
+def quote_key(name: str) -> str:
+    """`name` as a TOML basic string, so table names with `/`, `.` or `:` stay one key."""
+    short = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    escaped = []
+    for char in name:
+        if char in short:
+            escaped.append(short[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:  # TOML forbids raw control characters
+            escaped.append(f"\\u{ord(char):04x}")
+        else:
+            escaped.append(char)
+    return '"' + "".join(escaped) + '"'
+
+
+class ConfigError(ValueError):
+    """An invalid setting.
+
+    `key` names the field (`port`, or a table entry like `profiles."smol:coder".top_p`;
+    None for a file that is not TOML at all); `source` says where the bad value came
+    from (a config file's path, `--flag`, `$ENV`; None for defaults and code), so the
+    user is sent to the right place to fix it.
+    """
+
+    def __init__(self, key: str | None, message: str, source: str | None = None) -> None:
+        super().__init__(": ".join(part for part in (source, key, message) if part))
         self.key = key
         self.message = message
+        self.source = source
+
+    def at(self, source: str | None) -> ConfigError:
+        """The same error, attributed to `source`."""
+        return ConfigError(self.key, self.message, source)
+
+
+def unknown_key_message(key: str, known: Sequence[str]) -> str:
+    """'unknown setting', with the closest known name when there is one (typos are the usual cause)."""
+    underscored = key.replace("-", "_")
+    if underscored != key and underscored in known:
+        return f"unknown setting; did you mean {underscored!r}? (keys use underscores)"
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"unknown setting; did you mean {close[0]!r}?" if close else "unknown setting"
+
+
+class FrozenMap(Mapping[str, V]):
+    """A read-only dict that also hashes and pickles, so a config holding tables stays a value."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, V] | None = None) -> None:
+        self._items: dict[str, V] = dict(items or {})
+
+    def __getitem__(self, key: str) -> V:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._items!r})"
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """`[models."NAME"]` in the config file: how the pool treats one model."""
+
+    pin: bool = _setting(False, "keep this model loaded at all times: never evicted for memory, never unloaded when idle")
+    ttl_s: float | None = _setting(None, "unload after this many idle seconds, freeing its memory (default: idle_timeout_s)")
+    aliases: tuple[str, ...] = _setting((), "other names clients may use for this model (e.g. the name another tool expects)")
+    max_disk_bytes: int | None = _setting(
+        None, "this model's cap in the SSD tier, so one busy model cannot push out every other's cache (default: none)"
+    )
+
+    def __post_init__(self) -> None:
+        _normalize_fields(self)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """`[profiles."MODEL:PROFILE"]`: defaults for requests naming `MODEL:PROFILE`.
+
+    A profile shares MODEL's loaded engine, so e.g. a "coder" and a "creative" variant cost
+    no extra memory. A field left None lets the request (or the router-wide default)
+    decide, and a value the client sends always wins. `system_prompt` applies to chat
+    completions only: /v1/completions takes raw text with no roles to put it in, so there it
+    is ignored.
+    """
+
+    temperature: float | None = _setting(None, "sampling temperature for requests that set none")
+    top_p: float | None = _setting(None, "nucleus sampling cut-off for requests that set none")
+    top_k: int | None = _setting(None, "top-k cut-off for requests that set none")
+    min_p: float | None = _setting(None, "min-p cut-off for requests that set none")
+    repetition_penalty: float | None = _setting(None, "repetition penalty for requests that set none")
+    presence_penalty: float | None = _setting(None, "presence penalty for requests that set none")
+    frequency_penalty: float | None = _setting(None, "frequency penalty for requests that set none")
+    stop: tuple[str, ...] | None = _setting(None, "stop strings for requests that set none")
+    seed: int | None = _setting(None, "sampling seed for requests that set none (reproducible output)")
+    max_tokens: int | None = _setting(None, "output cap for requests that set none")
+    context_limit: int | None = _setting(
+        None, "cap on prompt + output tokens, below the model's own, e.g. to keep a cheap profile's requests short"
+    )
+    system_prompt: str | None = _setting(
+        None, "system message put first in chat requests that have none (ignored by /v1/completions)"
+    )
+
+    def __post_init__(self) -> None:
+        _normalize_fields(self)
 
 
 @dataclass(frozen=True)
@@ -46,6 +172,12 @@ class RouterConfig:
     spawn, so a restarted worker runs with exactly the same settings.
     """
 
+    # --- the config file (its own location can only come from the command line)
+    config: Path | None = _setting(
+        None,
+        "TOML file of settings, overridden by flags (default HOME/config.toml, skipped if missing)",
+        cli_only=True,
+    )
     # --- HTTP
     host: str = _setting(
         "127.0.0.1",
@@ -74,6 +206,26 @@ class RouterConfig:
         "--model-dir; default: the provisioned SmolLM2-135M-Instruct",
     )
     model_dir: Path | None = _setting(None, "where model names are looked up (default HOME/models)")
+    memory_budget_bytes: int = _setting(
+        0,
+        "memory all loaded models may use together; over it, idle unpinned models are unloaded; 0: total "
+        "RAM minus 8 GB for the OS and apps, at least 2 GB",
+    )
+    idle_timeout_s: float = _setting(
+        0.0, "unload a model idle this many seconds, giving its memory back; 0: never (models.NAME.ttl_s overrides)"
+    )
+    pin: tuple[str, ...] = _setting(
+        (), "model kept loaded at all times, never evicted or unloaded; repeat the flag for more", repeatable=True
+    )
+    models: Mapping[str, ModelSettings] = field(
+        default_factory=FrozenMap,
+        metadata={"help": 'per-model settings, the config file\'s [models."NAME"] tables', "table": True},
+    )
+    profiles: Mapping[str, Profile] = field(
+        default_factory=FrozenMap,
+        metadata={"help": 'named request defaults sharing a model\'s engine, [profiles."MODEL:PROFILE"] tables',
+                  "table": True},
+    )
     # --- worker (sent to it in the handshake)
     max_num_seqs: int = _setting(8, "sequences decoded together; more raises throughput and memory use")
     max_queue: int = _setting(64, "requests a worker holds waiting for a slot before it refuses new ones")
@@ -120,6 +272,7 @@ class RouterConfig:
     log_level: str = _setting("info", "router log verbosity", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
+        _normalize_fields(self)
         _check(self)
 
     @property
@@ -131,6 +284,39 @@ class RouterConfig:
     def models_dir(self) -> Path:
         """Directory model names resolve in, and where .gguf files are converted to."""
         return self.model_dir if self.model_dir is not None else self.home / "models"
+
+    @property
+    def effective_memory_budget_bytes(self) -> int:
+        """Bytes all loaded models may use together: the setting, or when it is 0 a share of
+        this machine's RAM (see `auto_memory_budget`)."""
+        if self.memory_budget_bytes > 0:
+            return self.memory_budget_bytes
+        return auto_memory_budget(psutil.virtual_memory().total)
+
+    @property
+    def pinned(self) -> frozenset[str]:
+        """Models never unloaded: those of `pin` plus those with `pin = true` in their table."""
+        return frozenset(self.pin) | {name for name, settings in self.models.items() if settings.pin}
+
+    @property
+    def alias_targets(self) -> Mapping[str, str]:
+        """Alias -> the model it names, from every `[models."NAME"]` table."""
+        return {alias: name for name, settings in self.models.items() for alias in settings.aliases}
+
+    def settings_for(self, model: str) -> ModelSettings:
+        """The `[models."NAME"]` settings of `model`, or the defaults if it has no table."""
+        return self.models.get(model) or ModelSettings()
+
+    def ttl_for(self, model: str) -> float:
+        """Idle seconds after which `model` is unloaded (0: never); its own ttl_s wins."""
+        ttl = self.settings_for(model).ttl_s
+        return self.idle_timeout_s if ttl is None else ttl
+
+
+def auto_memory_budget(total_bytes: int) -> int:
+    """The default memory budget on a machine with `total_bytes` of RAM: all of it but
+    MEMORY_RESERVE_BYTES for the OS and other apps, and never below MIN_MEMORY_BUDGET_BYTES."""
+    return max(total_bytes - MEMORY_RESERVE_BYTES, MIN_MEMORY_BUDGET_BYTES)
 
 
 def is_loopback(host: str) -> bool:
@@ -150,7 +336,8 @@ def _check(config: RouterConfig) -> None:
     for key in positive:
         if not getattr(config, key) > 0:
             raise ConfigError(key, f"must be > 0, got {getattr(config, key)!r}")
-    for key in ("hot_cache_bytes", "max_context_tokens", "shutdown_drain_s", "kill_after_s"):
+    for key in ("hot_cache_bytes", "max_context_tokens", "shutdown_drain_s", "kill_after_s",
+                "memory_budget_bytes", "idle_timeout_s"):
         if getattr(config, key) < 0:
             raise ConfigError(key, f"must be >= 0, got {getattr(config, key)!r}")
     if not 0 < config.port < 65536:
@@ -169,15 +356,155 @@ def _check(config: RouterConfig) -> None:
             f"binding {config.host!r} exposes the models to the network; set an API key "
             "(--api-key) or bind 127.0.0.1",
         )
+    for name in config.pin:
+        _check_model_name("pin", name)
+    _check_models(config)
+    for name, profile in config.profiles.items():
+        _check_profile(name, profile)
+
+
+def _check_model_name(key: str, name: str) -> None:
+    """Model names are what clients put in `model`; a colon there starts a profile name."""
+    if not name.strip():
+        raise ConfigError(key, "a model name must not be empty")
+    if ":" in name:
+        model = name.partition(":")[0]
+        raise ConfigError(key, f"{name!r} is not a model name (':' starts a profile name); use {model!r}")
+
+
+def _check_models(config: RouterConfig) -> None:
+    owner = {name: name for name in config.models}  # every name clients may use -> the model it means
+    for name, settings in config.models.items():
+        where = f"models.{quote_key(name)}"
+        _check_model_name(where, name)
+        if settings.ttl_s is not None and settings.ttl_s < 0:
+            raise ConfigError(f"{where}.ttl_s", f"must be >= 0, got {settings.ttl_s!r}")
+        if settings.max_disk_bytes is not None and not 0 < settings.max_disk_bytes <= config.max_disk_bytes:
+            raise ConfigError(f"{where}.max_disk_bytes", f"must be > 0 and <= max_disk_bytes "
+                              f"({config.max_disk_bytes}), got {settings.max_disk_bytes}")
+        for alias in settings.aliases:
+            _check_model_name(f"{where}.aliases", alias)
+            if owner.setdefault(alias, name) != name:
+                raise ConfigError(f"{where}.aliases", f"{alias!r} already names model {owner[alias]!r}")
+
+
+def _check_profile(name: str, profile: Profile) -> None:
+    """A profile's defaults are request parameters, so the request validator judges them: a
+    profile can never hold a value that the same request would be refused for."""
+    where = f"profiles.{quote_key(name)}"
+    model, _, label = name.partition(":")
+    if not model or not label or ":" in label:
+        raise ConfigError(where, 'must be named "MODEL:PROFILE" (exactly one colon, both parts non-empty)')
+    _check_model_name(where, model)
+    body: dict[str, Any] = {k: v for k, v in dataclasses.asdict(profile).items() if v is not None}
+    if profile.stop is not None:
+        body["stop"] = list(profile.stop)
+    try:
+        parse_sampling(body)
+    except RequestError as exc:
+        raise ConfigError(f"{where}.{exc.param}", exc.message) from None
+    if profile.context_limit is not None:
+        if profile.context_limit < 2:
+            raise ConfigError(f"{where}.context_limit", f"must be >= 2 (a prompt and an answer), got {profile.context_limit}")
+        if profile.max_tokens is not None and profile.max_tokens >= profile.context_limit:
+            raise ConfigError(f"{where}.max_tokens", f"must be less than context_limit ({profile.context_limit}) "
+                              f"to leave room for the prompt, got {profile.max_tokens}")
+
+
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """Field name -> resolved type hint of a settings dataclass (cached: built per config)."""
+    return typing.get_type_hints(cls)
+
+
+def _type_words(hint: Any) -> str:
+    if typing.get_origin(hint) is tuple:
+        return "a list of strings"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+            Path: "a path (string)"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def strict_value(key: str, value: Any, hint: Any) -> Any:
+    """`value` from a typed source (TOML, Python) checked against a field's type `hint`.
+
+    Unlike a flag's text, a typed value is never converted: `port = "80"` in a file is a
+    mistake worth naming, not a number. Lists become tuples and strings become Paths so
+    the config stays immutable; ints are accepted where floats are expected.
+    """
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is tuple:
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
+            return tuple(items)
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ConfigError(key, f"must be a finite number, got {value!r}")
+        return float(value)
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint is Path and isinstance(value, (str, Path)):
+        return Path(value)
+    elif hint in (bool, str) and isinstance(value, hint):
+        return value
+    raise ConfigError(key, f"expected {_type_words(hint)}, got {value!r}")
+
+
+def _normalize_fields(obj: Any) -> None:
+    """Type-check every field of a frozen settings dataclass, storing lists as tuples and
+    tables as FrozenMaps, so a config built from code is as sound as one from a file."""
+    for name, hint in type_hints(type(obj)).items():
+        value = getattr(obj, name)
+        if name in TABLES:
+            value = _table(name, value, ModelSettings if name == "models" else Profile)
+        else:
+            value = strict_value(name, value, hint)
+        object.__setattr__(obj, name, value)
+
+
+T = TypeVar("T", ModelSettings, Profile)
+
+
+def _table(key: str, raw: Any, cls: type[T]) -> FrozenMap[T]:
+    """`[models."NAME"]` / `[profiles."MODEL:PROFILE"]` tables -> name -> frozen settings.
+    Errors name the exact entry, e.g. `profiles."smol:coder".temprature`."""
+    if isinstance(raw, FrozenMap):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, f"must be a table of [{key}.\"NAME\"] tables, got {raw!r}")
+    hints = type_hints(cls)
+    entries: dict[str, T] = {}
+    for name, values in raw.items():
+        where = f"{key}.{quote_key(name)}"
+        if isinstance(values, cls):
+            entries[name] = values
+            continue
+        if not isinstance(values, Mapping):
+            raise ConfigError(where, f"must be a table of settings, got {values!r}")
+        kwargs: dict[str, Any] = {}
+        for field_name, value in values.items():
+            if field_name not in hints:
+                raise ConfigError(f"{where}.{field_name}", unknown_key_message(field_name, list(hints)))
+            kwargs[field_name] = strict_value(f"{where}.{field_name}", value, hints[field_name])
+        entries[name] = cls(**kwargs)
+    return FrozenMap(entries)
 
 
 def setting_types() -> dict[str, type]:
-    """Field name -> the plain type its value is parsed as (str, int, float, Path)."""
-    types: dict[str, type] = {}
-    for name, hint in typing.get_type_hints(RouterConfig).items():
+    """Scalar setting name -> the plain type one value parses as (str, int, float, bool, Path).
+
+    For a repeatable setting (`pin`) it is the type of one item. The tables (TABLES) are
+    left out: they have no flag and are not plain values.
+    """
+    kinds: dict[str, type] = {}
+    for name, hint in type_hints(RouterConfig).items():
+        if name in TABLES:
+            continue
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        types[name] = args[0] if args else hint
-    return types
+        kinds[name] = args[0] if args else hint
+    return kinds
 
 
 def _parse_bool(value: Any) -> bool:
@@ -194,18 +521,21 @@ def _parse_bool(value: Any) -> bool:
 def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
     """Defaults < `overrides` (config file values, then CLI flags, merged by the caller).
 
-    Values may be strings (as from a command line); each is converted to the field's type.
-    An unknown key or an unparsable value raises `ConfigError` naming the key.
+    Scalar values may be strings (as from a command line); each is converted to the
+    field's type. `pin` takes a list of names; `models` and `profiles` take mappings of
+    plain dicts (as TOML gives them) or of `ModelSettings` / `Profile`. An unknown key or a
+    bad value raises `ConfigError` naming the key.
     """
-    types = setting_types()
+    kinds = setting_types()
+    hints = type_hints(RouterConfig)
     kwargs: dict[str, Any] = {}
     for key, value in (overrides or {}).items():
-        if key not in types:
-            raise ConfigError(key, "unknown setting")
-        if value is None:
-            kwargs[key] = None
+        if key not in hints:
+            raise ConfigError(key, unknown_key_message(key, list(hints)))
+        if value is None or key in TABLES or typing.get_origin(hints[key]) is tuple:
+            kwargs[key] = value  # checked by RouterConfig itself
             continue
-        kind = types[key]
+        kind = kinds[key]
         try:
             if kind is bool:
                 kwargs[key] = _parse_bool(value)

@@ -8,6 +8,7 @@ aborts its request at the worker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -48,7 +49,9 @@ def _error_from_event(event: ErrorEvent) -> RequestError:
                         param=event.param, code=event.code)
 
 
-def _log_finish(parsed: ParsedRequest, event: FinishEvent) -> None:
+def _log_finish(parsed: ParsedRequest, stream: RequestStream, event: FinishEvent) -> None:
+    if stream.on_finish is not None:
+        stream.on_finish(event)
     u, t = event.usage, event.timings
     logger.info("%s %s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
                 parsed.model, parsed.add.request_id, event.finish_reason, u.prompt_tokens,
@@ -64,24 +67,27 @@ async def health(request: Request) -> Response:
     return JSONResponse(pool.health(), status_code=200 if pool.is_healthy() else 503)
 
 
-def _card(pool: WorkerPool, model_id: str) -> dict[str, Any]:
+def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
+    model_id, profile = pool.resolve(name)
     supervisor = pool.supervisors.get(model_id)
-    extra: dict[str, Any] = {"state": supervisor.state if supervisor else "loading"}
+    extra: dict[str, Any] = {"kind": pool.registry[model_id].kind, "state": pool.state_of(model_id),
+                             "pinned": model_id in pool.pinned}
+    if profile is not None:
+        extra["profile_of"] = model_id
     if supervisor is not None and supervisor.ready is not None:
         extra["context_length"] = supervisor.ready.context_length
-    return model_card(model_id, pool.created, **extra)
+    return model_card(name, pool.created, **extra)
 
 
 async def list_models(request: Request) -> Response:
     pool = _pool(request)
-    return JSONResponse({"object": "list", "data": [_card(pool, m) for m in pool.models]})
+    profiles = sorted(pool.config.profiles)
+    names = [*pool.models, *(p for p in profiles if p not in pool.registry)]
+    return JSONResponse({"object": "list", "data": [_card(pool, m) for m in names]})
 
 
 async def get_model(request: Request) -> Response:
-    pool = _pool(request)
-    model_id = request.path_params["model_id"]
-    pool.get(model_id)  # 404 in OpenAI's shape if unknown
-    return JSONResponse(_card(pool, model_id))
+    return JSONResponse(_card(_pool(request), request.path_params["model_id"]))
 
 
 # ---------------------------------------------------------------- completions
@@ -96,9 +102,16 @@ async def completions(request: Request) -> Response:
 
 
 async def _complete(request: Request, parse: Callable[[dict[str, Any]], ParsedRequest]) -> Response:
-    parsed = parse(parse_json_body(await request.body()))
-    supervisor = _pool(request).get(parsed.model)
+    body = parse_json_body(await request.body())
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        parse(body)  # raises the 400 naming `model`
+    supervisor, profile = await _pool(request).acquire(name)
+    parsed = parse(body, profile) if profile is not None else parse(body)
     stream = supervisor.open_request(parsed.add)
+    stream.model = supervisor.model_id
+    stream.user_agent = request.headers.get("user-agent", "")
+    stream.on_finish = functools.partial(_pool(request).record_finish, supervisor.model_id)
     if parsed.stream:
         return await _start_event_stream(request, parsed, stream)
     try:
@@ -116,7 +129,7 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
         if isinstance(event, TokenEvent):
             texts.append(event.text)
         elif isinstance(event, FinishEvent):
-            _log_finish(parsed, event)
+            _log_finish(parsed, stream, event)
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
                                                 "".join(texts), event.finish_reason, event.usage,
                                                 event.timings))
@@ -220,7 +233,7 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 yield sse_data(stream_chunk(kind, rid, model, created, text=event.text, include_usage=include_usage))
                 timer.wrote()
             elif isinstance(event, FinishEvent):
-                _log_finish(parsed, event)
+                _log_finish(parsed, stream, event)
                 last = stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
                                     finish_reason=event.finish_reason, include_usage=include_usage)
                 last["mlxd"] = timings_extension(event.timings, event.usage)

@@ -1,7 +1,9 @@
-"""Which models this router serves, each kept alive by one `WorkerSupervisor`.
+"""Which models are loaded: lazy loading on first request, LRU eviction under the memory
+budget, pins, idle TTLs, and the kvstore all workers share.
 
-Today every configured model is loaded at start and kept; this is the seam where
-loading on demand, LRU eviction under a memory budget, TTLs and pins will live.
+Memory is accounted per loaded model as the larger of its estimate (weights served +
+hot-cache budget + runtime overhead) and its worker's measured RSS, so a model that grew
+past its estimate is charged what it really uses.
 """
 
 from __future__ import annotations
@@ -14,65 +16,91 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from protocol.errors import RequestError, WorkerDead
+from protocol.messages import FinishEvent
 from protocol.sockets import ipc_address, make_runtime_dir
+from router import model_registry
 from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
-from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerSupervisor
+from router.model_files import convert_once
+from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
+from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError, WorkerSupervisor
 from router.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
 
+EVICT_WAIT_S = 60.0  # how long a load waits for busy models to become evictable
+_TTL_CHECK_S = 1.0
+_RECENT = 20  # finished requests kept per model for recent tok/s
+
 
 class WorkerPool:
-    """model_id -> supervised worker, plus the runtime dir and socket they share.
+    """model id -> supervised worker for the loaded models; every discovered model can
+    be loaded on demand.
 
-    `start()` and `stop()` are idempotent, so the CLI can start the pool before uvicorn
-    binds its port and the app's lifespan can still own the pool in tests.
+    Invariants: a model with requests in flight is never evicted; a pinned model is
+    never evicted; loads are serialized (one `_load_lock`), so two loads never both
+    count the same free memory.
     """
 
     def __init__(self, config: RouterConfig, models: Mapping[str, Path],
                  worker_command: Sequence[str] = DEFAULT_WORKER_COMMAND) -> None:
-        if not models:
-            raise ValueError("a WorkerPool needs at least one model")
         self.config = config
-        self.models = dict(models)
         self.worker_command = tuple(worker_command)
         self.created = int(time.time())
+        self.started_at = time.time()
+        self.registry: dict[str, ModelEntry] = model_registry.discover(config.models_dir)
+        for model_id, path in models.items():  # given on the command line: served first
+            self.registry[model_id] = model_registry.entry_for(model_id, path)
+        self.preload = list(models)
+        self.pinned: set[str] = set(config.pinned)  # admin pin/unpin change it at run time
+        self.aliases = dict(config.alias_targets)
         self.supervisors: dict[str, WorkerSupervisor] = {}
+        self.last_used: dict[str, float] = {}
+        self.recent: dict[str, list[FinishEvent]] = {}
+        self.states: dict[str, str] = {}  # transient states: loading / unloading
         self.runtime_dir: Path | None = None
         self.client: WorkerClient | None = None
         self.kvstore: KVStoreSupervisor | None = None
+        self.budget_bytes = config.effective_memory_budget_bytes
+        self._load_lock = asyncio.Lock()
+        self._ttl_task: asyncio.Task[None] | None = None
         self._started = False
 
+    # ------------------------------------------------------------ lifecycle
+
     async def start(self) -> None:
-        """Spawn every worker and wait until all are READY (raises WorkerStartupError)."""
+        """Start the kvstore, then the command-line and pinned models (READY or raise)."""
         if self._started:
             return
         self._started = True
         self.runtime_dir = make_runtime_dir()
         self.client = WorkerClient(ipc_address(self.runtime_dir, "workers"))
         await self.client.start()
-        self.supervisors = {
-            model_id: WorkerSupervisor(model_id, path, self.config, self.client, self.worker_command)
-            for model_id, path in self.models.items()
-        }
         try:
             if self.config.cold_cache and self.config.prefix_cache:
                 self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir)
                 await self.kvstore.start()
-                for supervisor in self.supervisors.values():
-                    supervisor.kvstore_address = self.kvstore.address
-            await asyncio.gather(*(s.start() for s in self.supervisors.values()))
+            unknown = sorted(self.pinned - set(self.registry) - set(self.aliases))
+            if unknown:
+                raise RequestError(f"pinned model(s) not found: {', '.join(unknown)} "
+                                   f"(looked in {self.config.models_dir})", status=404)
+            for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
+                await self.load(self.aliases.get(model_id, model_id))
         except BaseException:
             await self.stop()
             raise
+        self._ttl_task = asyncio.create_task(self._unload_idle(), name="ttl")
 
     async def stop(self) -> None:
-        """Shut every worker down (drain, SIGTERM, SIGKILL) and remove the runtime dir."""
+        """Shut every worker down (drain, SIGTERM, SIGKILL), then the kvstore."""
         if not self._started:
             return
         self._started = False
+        if self._ttl_task is not None:
+            self._ttl_task.cancel()
         await asyncio.gather(*(s.stop() for s in self.supervisors.values()), return_exceptions=True)
         if self.kvstore is not None:  # last: the workers' final writes must reach it
             await self.kvstore.stop()
@@ -94,22 +122,215 @@ class WorkerPool:
         if num_failed:
             logger.warning("shutting down; ended %d unfinished request(s)", num_failed)
 
+    # ------------------------------------------------------------ names
+
+    @property
+    def models(self) -> list[str]:
+        return sorted(self.registry)
+
+    def resolve(self, name: str) -> tuple[str, Any]:
+        """A requested name -> (model id, profile or None). Unknown names are a 404;
+        names are only ever looked up, never used as paths."""
+        profiles = self.config.profiles
+        if name in profiles:
+            model_part = name.split(":", 1)[0]
+            model_id = self.aliases.get(model_part, model_part)
+            if model_id in self.registry:
+                return model_id, profiles[name]
+        model_id = self.aliases.get(name, name)
+        if model_id in self.registry:
+            return model_id, None
+        available = ", ".join([*self.models, *sorted(profiles)]) or "none"
+        raise RequestError(f"The model '{name}' does not exist. Available models: {available}",
+                           status=404, param="model", code="model_not_found")
+
     def get(self, model_id: str) -> WorkerSupervisor:
-        """The supervisor serving `model_id`; a 404 `model_not_found` if there is none."""
+        """The loaded supervisor of `model_id`: 404 if unknown, 503 if not loaded."""
+        model_id, _ = self.resolve(model_id)
         supervisor = self.supervisors.get(model_id)
-        if supervisor is None and model_id in self.models:
-            raise WorkerDead(f"model '{model_id}' is not started yet; retry shortly")
         if supervisor is None:
-            available = ", ".join(sorted(self.models)) or "none"
-            raise RequestError(f"The model '{model_id}' does not exist. Available models: {available}",
-                               status=404, param="model", code="model_not_found")
+            raise WorkerDead(f"model '{model_id}' is not loaded; POST /admin/models/{model_id}/load "
+                             "or send it a request")
         return supervisor
 
+    async def acquire(self, name: str) -> tuple[WorkerSupervisor, Any]:
+        """The ready worker for a requested name (loading it, evicting others, if needed)."""
+        model_id, profile = self.resolve(name)
+        entry = self.registry[model_id]
+        if entry.kind != "chat":
+            raise RequestError(f"model '{model_id}' is a {entry.kind} model; it cannot serve completions",
+                               param="model", code="wrong_model_kind")
+        self.last_used[model_id] = time.time()
+        supervisor = self.supervisors.get(model_id)
+        if supervisor is None or supervisor.state == "down":
+            try:
+                supervisor = await self.load(model_id)
+            except WorkerStartupError as exc:  # one fresh attempt per request, then a 503
+                raise WorkerDead(f"model '{model_id}' is unavailable: {exc}") from None
+        return supervisor, profile
+
+    # ------------------------------------------------------------ load / unload
+
+    def need_bytes(self, entry: ModelEntry) -> int:
+        return entry.weights_bytes + self.hot_cache_bytes() + RUNTIME_OVERHEAD_BYTES
+
+    def hot_cache_bytes(self) -> int:
+        """Each worker's hot-tier budget: as configured, or an eighth of the budget."""
+        return self.config.hot_cache_bytes or max(256 << 20, self.budget_bytes // 8)
+
+    def used_bytes(self, exclude: str | None = None) -> int:
+        total = 0
+        for model_id, supervisor in self.supervisors.items():
+            if model_id != exclude and supervisor.state != "down":
+                total += max(self.need_bytes(self.registry[model_id]), self._rss(supervisor))
+        return total
+
+    @staticmethod
+    def _rss(supervisor: WorkerSupervisor) -> int:
+        pid = supervisor.child.pid if supervisor.child is not None and supervisor.child.alive() else None
+        if pid is None:
+            return 0
+        try:
+            return psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            return 0
+
+    async def load(self, model_id: str) -> WorkerSupervisor:
+        """Load `model_id` (if it is not), evicting idle unpinned models LRU-first until its
+        estimated need fits the budget. Returns once its worker is ready."""
+        async with self._load_lock:
+            supervisor = self.supervisors.get(model_id)
+            if supervisor is not None and supervisor.state != "down":
+                return supervisor
+            if supervisor is not None:  # gave up earlier: replace it
+                await supervisor.stop()
+                del self.supervisors[model_id]
+            entry = self.registry[model_id]
+            need = self.need_bytes(entry)
+            if need > self.budget_bytes:
+                raise RequestError(
+                    f"model '{model_id}' needs about {need / 1e9:.2f} GB but the memory budget is "
+                    f"{self.budget_bytes / 1e9:.2f} GB; raise memory_budget_bytes or lower hot_cache_bytes",
+                    status=503, error_type="server_error", code="insufficient_memory")
+            await self._make_room(model_id, need)
+            if entry.needs_conversion:
+                self.states[model_id] = "converting"
+                path = await asyncio.to_thread(convert_once, entry.path, self.config.models_dir)
+                entry = self.registry[model_id] = model_registry.entry_for(model_id, path)
+            supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command)
+            supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
+            supervisor.hot_cache_bytes = self.hot_cache_bytes()
+            self.supervisors[model_id] = supervisor
+            self.states[model_id] = "loading"
+            logger.info("loading %s (needs ~%.2f GB; %.2f of %.2f GB in use)", model_id, need / 1e9,
+                        self.used_bytes(exclude=model_id) / 1e9, self.budget_bytes / 1e9)
+            try:
+                await supervisor.start()
+            except asyncio.CancelledError:
+                raise  # stop() stops every supervisor still listed, this one included
+            except BaseException:
+                # stays listed as "down" with its last_error, for /health and the status
+                await supervisor.stop()
+                raise
+            finally:
+                self.states.pop(model_id, None)
+            self.last_used.setdefault(model_id, time.time())
+            return supervisor
+
+    async def _make_room(self, model_id: str, need: int) -> None:
+        deadline = time.monotonic() + EVICT_WAIT_S
+        while self.used_bytes(exclude=model_id) + need > self.budget_bytes:
+            candidates = [m for m in self.supervisors if m != model_id and m not in self.pinned]
+            if not candidates:
+                raise RequestError(
+                    f"model '{model_id}' needs about {need / 1e9:.2f} GB; {self.used_bytes() / 1e9:.2f} GB of the "
+                    f"{self.budget_bytes / 1e9:.2f} GB budget is held by pinned models",
+                    status=503, error_type="server_error", code="insufficient_memory")
+            idle = [m for m in candidates if self._in_flight(m) == 0]
+            if idle:
+                victim = min(idle, key=lambda m: self.last_used.get(m, 0.0))
+                logger.info("evicting %s (least recently used) to make room for %s", victim, model_id)
+                await self._unload(victim)
+                continue
+            if time.monotonic() > deadline:
+                raise RequestError(
+                    f"model '{model_id}' cannot be loaded now: every evictable model has requests in "
+                    f"flight after {EVICT_WAIT_S:.0f} s; retry shortly",
+                    status=503, error_type="server_error", code="insufficient_memory")
+            await asyncio.sleep(0.2)
+
+    def _in_flight(self, model_id: str) -> int:
+        supervisor = self.supervisors.get(model_id)
+        if supervisor is None or supervisor.identity is None or self.client is None:
+            return 0
+        return self.client.num_open_requests(supervisor.identity)
+
+    async def _unload(self, model_id: str) -> None:
+        supervisor = self.supervisors.get(model_id)
+        if supervisor is None:
+            return
+        self.states[model_id] = "unloading"
+        try:
+            await supervisor.stop()
+        finally:
+            self.supervisors.pop(model_id, None)
+            self.states.pop(model_id, None)
+        logger.info("unloaded %s", model_id)
+
+    async def unload(self, model_id: str) -> None:
+        """Unload on request (admin): drains its in-flight requests first."""
+        model_id, _ = self.resolve(model_id)
+        async with self._load_lock:
+            await self._unload(model_id)
+
+    def pin(self, model_id: str) -> None:
+        self.pinned.add(self.resolve(model_id)[0])
+
+    def unpin(self, model_id: str) -> None:
+        self.pinned.discard(self.resolve(model_id)[0])
+
+    def ttl_s(self, model_id: str) -> float:
+        return float(self.config.ttl_for(model_id) or 0.0)
+
+    async def _unload_idle(self) -> None:
+        """Unload unpinned models idle longer than their TTL (or the global idle timeout)."""
+        while True:
+            await asyncio.sleep(_TTL_CHECK_S)
+            now = time.time()
+            for model_id in list(self.supervisors):
+                ttl = self.ttl_s(model_id)
+                if not ttl or model_id in self.pinned or self._in_flight(model_id):
+                    continue
+                if now - self.last_used.get(model_id, now) > ttl:
+                    logger.info("%s idle for more than %.0f s; unloading", model_id, ttl)
+                    async with self._load_lock:
+                        if not self._in_flight(model_id):
+                            await self._unload(model_id)
+
+    def record_finish(self, model_id: str, event: FinishEvent) -> None:
+        """Keep recent finished requests for the status route's tok/s."""
+        recent = self.recent.setdefault(model_id, [])
+        recent.append(event)
+        del recent[:-_RECENT]
+        self.last_used[model_id] = time.time()
+
+    # ------------------------------------------------------------ reporting
+
+    def state_of(self, model_id: str) -> str:
+        if model_id in self.states:
+            return self.states[model_id]
+        supervisor = self.supervisors.get(model_id)
+        if supervisor is None:
+            return "unloaded"
+        if supervisor.state == "ready":
+            return "ready" if self._in_flight(model_id) else "idle"
+        return supervisor.state
+
     def is_healthy(self) -> bool:
-        return bool(self.supervisors) and all(s.state == "ready" for s in self.supervisors.values())
+        return all(s.state == "ready" for s in self.supervisors.values())
 
     def health(self) -> dict[str, Any]:
-        health = {
+        health: dict[str, Any] = {
             "status": "ok" if self.is_healthy() else "degraded",
             "workers": {model_id: s.health() for model_id, s in self.supervisors.items()},
         }

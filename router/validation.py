@@ -10,10 +10,14 @@ import json
 import math
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.errors import RequestError
 from protocol.messages import AddRequest, SamplingParams
+from router.profiles import apply_profile
+
+if TYPE_CHECKING:  # config validates profiles with this module's parse_sampling
+    from router.config import Profile
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; more is harmless for us, unbounded is not
@@ -30,6 +34,7 @@ class ParsedRequest:
     add: AddRequest
     stream: bool
     include_usage: bool
+    context_limit: int | None = None  # the profile's prompt + output cap, also in `add`
 
 
 def bad(param: str | None, message: str, code: str | None = None) -> RequestError:
@@ -254,8 +259,15 @@ def _wants_progress(body: dict[str, Any]) -> bool:
     return _flag(extension, "progress")
 
 
-def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
-    """POST /v1/chat/completions body -> what to send the worker."""
+def parse_chat_request(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest:
+    """POST /v1/chat/completions body -> what to send the worker.
+
+    With the `profile` the request's model name selected, its defaults fill what the body
+    left out (see `router.profiles.apply_profile`) and its context limit goes to the worker.
+    """
+    if profile is not None:
+        body = apply_profile(body, profile, "chat")
+    limit = profile.context_limit if profile is not None else None
     model, stream, include_usage = _common(body)
     add = AddRequest(
         request_id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -264,12 +276,20 @@ def parse_chat_request(body: dict[str, Any]) -> ParsedRequest:
         sampling=parse_sampling(body),
         cache_salt=_cache_salt(body),
         want_progress=_wants_progress(body),
+        context_limit=limit,
     )
-    return ParsedRequest("chat", model, add, stream, include_usage)
+    return ParsedRequest("chat", model, add, stream, include_usage, limit)
 
 
-def parse_completion_request(body: dict[str, Any]) -> ParsedRequest:
-    """POST /v1/completions body -> what to send the worker."""
+def parse_completion_request(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest:
+    """POST /v1/completions body -> what to send the worker.
+
+    A `profile` works as for chat, except that its system prompt is ignored: a raw prompt
+    has no roles to put it in.
+    """
+    if profile is not None:
+        body = apply_profile(body, profile, "text")
+    limit = profile.context_limit if profile is not None else None
     model, stream, include_usage = _common(body)
     if body.get("echo"):
         raise bad("echo", "'echo' is not supported yet")
@@ -282,5 +302,6 @@ def parse_completion_request(body: dict[str, Any]) -> ParsedRequest:
         sampling=parse_sampling(body),
         cache_salt=_cache_salt(body),
         want_progress=_wants_progress(body),
+        context_limit=limit,
     )
-    return ParsedRequest("text", model, add, stream, include_usage)
+    return ParsedRequest("text", model, add, stream, include_usage, limit)

@@ -55,6 +55,13 @@ class RequestStream:
         self.identity = identity
         self.request_id = request_id
         self.finished = False
+        # what /admin/status shows about it
+        self.model = ""
+        self.user_agent = ""
+        self.created = time.time()
+        self.phase = "queued"  # queued -> prefill -> decoding
+        self.num_tokens = 0
+        self.on_finish: Callable[[FinishEvent], None] | None = None
         self._events: collections.deque[Message] = collections.deque()
         self._failure: WorkerDead | None = None
         self._wakeup = asyncio.Event()
@@ -62,6 +69,11 @@ class RequestStream:
     def deliver(self, message: Message) -> None:
         if self.finished:
             return
+        if isinstance(message, TokenEvent):
+            self.phase = "decoding"
+            self.num_tokens += len(message.token_ids)
+        elif isinstance(message, PromptEvent):
+            self.phase = "prefill"
         self._events.append(message)
         if isinstance(message, TERMINAL_EVENTS):
             self.finished = True
@@ -186,6 +198,9 @@ class WorkerClient:
             if abort:
                 self.post(stream.identity, AbortRequest(request_id=stream.request_id))
         return len(doomed)
+
+    def open_requests(self) -> list[RequestStream]:
+        return list(self._requests.values())
 
     def num_open_requests(self, identity: bytes | None = None) -> int:
         return sum(1 for s in self._requests.values() if identity is None or s.identity == identity)

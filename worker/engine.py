@@ -103,6 +103,15 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._by_request)
 
+    def stats(self) -> dict[str, int | float]:
+        """Memory and cache counters, sent with every pong for the status route."""
+        return {
+            "mlx_active_bytes": mx.get_active_memory(),
+            "mlx_peak_bytes": mx.get_peak_memory(),
+            "num_active": self.num_active,
+            **self.prefix_cache.stats(),
+        }
+
     def add(self, request: AddRequest) -> None:
         """Tokenize, validate and enqueue; a bad request gets an ErrorEvent, never raises."""
         try:
@@ -182,11 +191,14 @@ class Engine:
         return ids
 
     def _max_tokens(self, request: AddRequest, num_prompt: int) -> int:
-        room = self.context_length - num_prompt
+        window = self.context_length
+        if request.context_limit:  # a profile's own cap, never above the model's
+            window = min(window, request.context_limit)
+        room = window - num_prompt
         if room <= 0:
             raise RequestError(
                 f"prompt is {num_prompt} tokens, but this model's context window is "
-                f"{self.context_length} tokens (prompt + completion must fit); "
+                f"{window} tokens (prompt + completion must fit); "
                 "shorten the prompt",
                 param="messages" if request.messages is not None else "prompt",
                 code="context_length_exceeded",

@@ -230,7 +230,7 @@ def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags) -> 
             elif isinstance(message, AbortRequest):
                 engine.abort(message.request_id)
             elif isinstance(message, Ping):
-                channel.send(Pong(message.nonce, message.sent_at, engine.num_active, 0))
+                channel.send(Pong(message.nonce, message.sent_at, engine.num_active, 0, engine.stats()))
             elif isinstance(message, Shutdown):
                 flags.stop_requested = True
                 flags.drain_deadline = time.monotonic() + message.drain_s

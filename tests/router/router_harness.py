@@ -52,7 +52,9 @@ def start_router(model_dir: Path, monkeypatch: pytest.MonkeyPatch, worker_env: d
                  **overrides: Any) -> Iterator[RunningRouter]:
     for key, value in (worker_env or {}).items():
         monkeypatch.setenv(key, value)
-    config = make_config({**FAST, **overrides})
+    # a home of its own: the router discovers models in HOME/models, and the user's
+    # ~/.mlxd must not leak into these tests
+    config = make_config({**FAST, "home": model_dir.parent / "home", **overrides})
     pool = WorkerPool(config, {MODEL_ID: model_dir}, worker_command=FAKE_WORKER)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

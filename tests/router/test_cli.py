@@ -20,6 +20,12 @@ from router.model_files import ModelNotFound, resolve_model
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No developer's ~/.mlxd/config.toml may leak into what these tests parse."""
+    monkeypatch.setenv("MLXD_HOME", str(tmp_path / "mlxd-home"))
+
+
 def run_mlxd(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True, text=True, timeout=60)
 
@@ -211,7 +217,7 @@ from router.cli import configure_logging, run_router
 from router.config import make_config
 from tests.router.router_harness import FAKE_WORKER, FAST
 configure_logging("info")
-config = make_config({{**FAST, "port": {port}}})
+config = make_config({{**FAST, "port": {port}, "home": str(Path({model!r}).parent / "home")}})
 sys.exit(asyncio.run(run_router(config, {{"fake-model": Path({model!r})}}, FAKE_WORKER)))
 """
 

@@ -1,0 +1,117 @@
+"""router.profiles: profile names split at the colon; a profile fills only what the client left out."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from protocol.codec import decode, encode
+from protocol.messages import AddRequest
+from router.config import Profile
+from router.profiles import SAMPLING_DEFAULTS, apply_profile, split_model_name
+from router.validation import parse_chat_request, parse_completion_request
+
+CHAT = {"model": "smol:coder", "messages": [{"role": "user", "content": "hi"}]}
+TEXT = {"model": "smol:coder", "prompt": "def f("}
+FULL = Profile(temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
+               frequency_penalty=0.3, stop=("###", "\n\n"), seed=7, max_tokens=256, context_limit=4096,
+               system_prompt="You write Python.")
+# a client value for each parameter a profile defaults, all different from FULL's
+CLIENT = {"temperature": 1.5, "top_p": 0.5, "top_k": 5, "min_p": 0.2, "repetition_penalty": 1.3,
+          "presence_penalty": -1.0, "frequency_penalty": 1.0, "seed": 99, "stop": ["END"], "max_tokens": 10}
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("smol", ("smol", None)),
+    ("smol:coder", ("smol", "coder")),
+    ("mlx-community/Qwen2.5-0.5B:long", ("mlx-community/Qwen2.5-0.5B", "long")),
+    ("mlx-community/Qwen2.5-0.5B", ("mlx-community/Qwen2.5-0.5B", None)),
+    ("smol:", ("smol", "")),
+    ("smol:a:b", ("smol", "a:b")),
+])
+def test_split_model_name(name: str, expected: tuple[str, str | None]) -> None:
+    assert split_model_name(name) == expected
+
+
+def test_profile_fills_every_missing_parameter() -> None:
+    body = apply_profile(CHAT, FULL, "chat")
+    assert {k: body[k] for k in CLIENT} == {**{k: getattr(FULL, k) for k in SAMPLING_DEFAULTS},
+                                            "stop": ["###", "\n\n"], "max_tokens": 256}
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT))
+@pytest.mark.parametrize("kind, base", [("chat", CHAT), ("text", TEXT)])
+def test_client_value_wins(name: str, kind: Any, base: dict[str, Any]) -> None:
+    body = apply_profile({**base, name: CLIENT[name]}, FULL, kind)
+    assert body[name] == CLIENT[name]
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT))
+def test_null_counts_as_not_sent(name: str) -> None:
+    body = apply_profile({**CHAT, name: None}, FULL, "chat")
+    assert body[name] is not None
+
+
+def test_max_completion_tokens_counts_as_max_tokens() -> None:
+    body = apply_profile({**CHAT, "max_completion_tokens": 12}, FULL, "chat")
+    assert "max_tokens" not in body
+    assert parse_chat_request(body).add.sampling.max_tokens == 12
+
+
+def test_empty_profile_changes_nothing() -> None:
+    assert apply_profile(CHAT, Profile(), "chat") == CHAT
+
+
+@pytest.mark.parametrize("messages, expected_first", [
+    ([{"role": "user", "content": "hi"}], {"role": "system", "content": "You write Python."}),
+    ([{"role": "system", "content": "mine"}, {"role": "user", "content": "hi"}], {"role": "system", "content": "mine"}),
+    ([{"role": "user", "content": "hi"}, {"role": "system", "content": "late"}], {"role": "user", "content": "hi"}),
+    ([{"role": "developer", "content": "dev"}], {"role": "developer", "content": "dev"}),
+])
+def test_system_prompt_only_when_absent(messages: list[dict[str, Any]], expected_first: dict[str, Any]) -> None:
+    body = apply_profile({**CHAT, "messages": messages}, FULL, "chat")
+    assert body["messages"][0] == expected_first
+    inserted = expected_first["content"] == FULL.system_prompt
+    assert len(body["messages"]) == len(messages) + inserted
+
+
+def test_completions_ignore_system_prompt() -> None:
+    body = apply_profile(TEXT, FULL, "text")
+    assert body["prompt"] == TEXT["prompt"] and "messages" not in body
+    parsed = parse_completion_request(TEXT, FULL)
+    assert parsed.add.prompt == "def f(" and parsed.add.messages is None
+
+
+def test_bad_messages_are_left_for_validation() -> None:
+    assert apply_profile({**CHAT, "messages": "hi"}, FULL, "chat")["messages"] == "hi"
+
+
+def test_the_body_is_not_modified() -> None:
+    body = copy.deepcopy(CHAT)
+    apply_profile(body, FULL, "chat")
+    assert body == CHAT
+
+
+def test_parse_with_profile() -> None:
+    parsed = parse_chat_request({**CHAT, "temperature": 1.0}, FULL)
+    sampling = parsed.add.sampling
+    assert (sampling.temperature, sampling.top_k, sampling.seed, sampling.max_tokens) == (1.0, 40, 7, 256)
+    assert sampling.stop == ["###", "\n\n"]
+    assert parsed.add.messages is not None and parsed.add.messages[0]["role"] == "system"
+    assert parsed.context_limit == parsed.add.context_limit == 4096
+    assert parsed.model == "smol:coder"  # answers name the model the client asked for
+
+
+@pytest.mark.parametrize("parse, body", [(parse_chat_request, CHAT), (parse_completion_request, TEXT)])
+def test_parse_without_profile_is_unchanged(parse: Any, body: dict[str, Any]) -> None:
+    parsed = parse(body)
+    assert parsed.context_limit is None and parsed.add.context_limit is None
+    assert parsed.add.sampling.temperature == 1.0 and parsed.add.sampling.max_tokens is None
+
+
+def test_context_limit_crosses_the_wire() -> None:
+    add = parse_chat_request(CHAT, Profile(context_limit=100)).add
+    message, _ = decode(encode(add))
+    assert isinstance(message, AddRequest) and message.context_limit == 100
