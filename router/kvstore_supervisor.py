@@ -59,6 +59,9 @@ class KVStoreSupervisor:
         argv = [sys.executable, "-m", "kvstore", "--bind", self.address, "--root", str(self.root),
                 "--max-disk-bytes", str(c.max_disk_bytes), "--segment-bytes", str(c.segment_bytes),
                 "--compression", c.compression]
+        for name, settings in c.models.items():  # per-model caps ([models."NAME"] max_disk_bytes)
+            if settings.max_disk_bytes:
+                argv += ["--namespace-cap", f"{name}={settings.max_disk_bytes}"]
         return argv
 
     async def start(self) -> None:

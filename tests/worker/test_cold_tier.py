@@ -60,3 +60,20 @@ def test_a_dead_kvstore_is_a_miss_not_a_failure(default_model_dir: Path) -> None
     ids, finish = h.ask(chat("What is topic 4?"))
     assert ids and finish.usage.ssd_tokens == 0
     h.cache.cold.close()
+
+
+def test_two_models_never_read_each_others_blocks(kvstore: str, default_model_dir: Path) -> None:
+    question = chat("What is topic 4?")
+    first = make_tiny("llama", default_model_dir, seed=0)
+    other = make_tiny("llama", default_model_dir, seed=1)  # same shapes, other weights
+    writer = Harness(first, cold=ColdTier(kvstore, "model-a"))
+    writer.ask(question)
+    assert writer.cache.cold.flush()
+    writer.cache.cold.close()
+    for namespace in ("model-b", "model-a"):  # another namespace, and even the same one
+        reader = Harness(other, cold=ColdTier(kvstore, namespace))
+        expected, _ = Harness(other).ask(question)
+        got, finish = reader.ask(question)
+        assert finish.usage.ssd_tokens == 0 and finish.usage.cached_tokens == 0
+        assert got == expected
+        reader.cache.cold.close()
