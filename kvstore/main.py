@@ -196,6 +196,8 @@ class _Server:
             return
         if isinstance(message, KVLookup):
             self._reply(identity, KVLookupResult(message.request_id, self.store.lookup(message.namespace, _keys(message.keys))))
+        elif isinstance(message, KVGet) and message.stream:
+            self._stream_get(identity, message)
         elif isinstance(message, KVGet):
             payloads = self.store.get(message.namespace, _keys(message.keys))
             found = [payload for payload in payloads if payload is not None]
@@ -208,6 +210,19 @@ class _Server:
             self._reply(identity, KVStatsResult(message.request_id, self.stats()))
         else:
             log.warning("ignoring unexpected %s message", message.type)
+
+    def _stream_get(self, identity: bytes, message: KVGet) -> None:
+        """Send each block as soon as it is read, stopping at the first miss, so reading,
+        sending and the asker's decoding overlap."""
+        keys = _keys(message.keys)
+        for seq, key in enumerate(keys):
+            (payload,) = self.store.get(message.namespace, [key])
+            last = payload is None or seq == len(keys) - 1
+            result = KVGetResult(message.request_id, [payload is not None], seq=seq, done=last)
+            self._reply(identity, result, [payload] if payload is not None else [])
+            if last:
+                return
+        self._reply(identity, KVGetResult(message.request_id, [], seq=0, done=True))
 
     def _put(self, message: KVPut, frames: list[Buffer]) -> None:
         if len(frames) != len(message.keys) or any(len(key) != KEY_BYTES for key in message.keys):

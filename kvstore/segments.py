@@ -56,8 +56,13 @@ class RecordHeader:
         return HEADER_BYTES + self.namespace_bytes + self.stored_bytes
 
 
+# lz4 must save at least this share to be kept: float KV barely compresses (~1%), and
+# decompressing it would cost more restore time than the disk read it saves
+MIN_COMPRESSION_SAVING = 0.10
+
+
 def encode_record(key: bytes, namespace: str, payload: bytes | memoryview, compress: bool) -> bytes:
-    """One record, ready to append. Compressed only when lz4 actually saves space."""
+    """One record, ready to append. Compressed only when lz4 saves a real share of it."""
     if len(key) != KEY_BYTES:
         raise ValueError(f"block keys are {KEY_BYTES} bytes, got {len(key)}")
     raw = memoryview(payload).cast("B")
@@ -67,7 +72,7 @@ def encode_record(key: bytes, namespace: str, payload: bytes | memoryview, compr
     compression = COMPRESSION_NONE
     if compress and len(raw):
         packed = lz4.block.compress(raw, store_size=False)
-        if len(packed) < len(raw):
+        if len(packed) <= (1 - MIN_COMPRESSION_SAVING) * len(raw):
             stored, compression = packed, COMPRESSION_LZ4
     name = namespace.encode("utf-8")
     if len(name) > 0xFFFF:
@@ -108,11 +113,12 @@ def check_payload(header: RecordHeader, stored: bytes | memoryview) -> None:
         raise CorruptRecord("payload CRC mismatch")
 
 
-def decode_payload(header: RecordHeader, stored: bytes | memoryview) -> bytes:
-    """The exact bytes that were put, after checking the payload CRC."""
+def decode_payload(header: RecordHeader, stored: bytes | memoryview) -> bytes | memoryview:
+    """The exact bytes that were put, after checking the payload CRC (uncompressed ones as
+    a view of the read buffer: no copy on the restore path)."""
     check_payload(header, stored)
     if header.compression == COMPRESSION_NONE:
-        return bytes(stored)
+        return stored
     try:
         raw = lz4.block.decompress(stored, uncompressed_size=header.raw_bytes)
     except lz4.block.LZ4BlockError as exc:
@@ -136,7 +142,7 @@ def read_header(fd: int, offset: int) -> RecordHeader:
         return parse_header(os.pread(fd, HEADER_BYTES + ns_len, offset))
 
 
-def read_record(fd: int, offset: int, length: int, key: bytes, namespace: str) -> bytes:
+def read_record(fd: int, offset: int, length: int, key: bytes, namespace: str) -> bytes | memoryview:
     """Payload of the record the index says is at `offset`; `CorruptRecord` unless the
     bytes there are exactly that record, intact."""
     data = os.pread(fd, length, offset)

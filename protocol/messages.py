@@ -280,6 +280,9 @@ class KVGet(Message):
     request_id: int
     namespace: str
     keys: list[bytes]
+    # one KVGetResult per block, sent as each is read, ending at the first miss: the
+    # asker decodes block i while block i+1 is read and sent
+    stream: bool = False
 
 
 @dataclass
@@ -290,6 +293,8 @@ class KVGetResult(Message):
     type: ClassVar[str] = "kv_get_result"
     request_id: int
     found: list[bool]
+    seq: int = 0  # streamed gets: position of this block among the asked keys
+    done: bool = True  # streamed gets: the last message for this request
 
 
 @dataclass

@@ -1,13 +1,14 @@
 """The worker's client of the kvstore (SSD cold tier).
 
-Reads are one pipelined round trip for a run of blocks (lookup, then get of the found
-run), with a deadline: a slow or dead kvstore is a miss, never a failed request. Writes
+Reads are one streamed get for a run of blocks (the kvstore sends each block as it reads
+it; the worker decodes while the next arrives), with a deadline: a slow or dead kvstore is a miss, never a failed request. Writes
 are write-behind on a thread with its own socket: the engine hands blocks over and goes
 on decoding; when the hand-over queue is full the block is dropped and counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -21,7 +22,7 @@ import zmq
 from protocol.block_keys import BlockKey
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
-from protocol.messages import KVFlush, KVFlushResult, KVGet, KVGetResult, KVLookup, KVLookupResult, KVPut, Message
+from protocol.messages import KVFlush, KVFlushResult, KVGet, KVGetResult, KVPut
 from protocol.sockets import make_socket
 from worker.block_codec import decode_block, encode_block
 from worker.kv_blocks import BlockPayload
@@ -63,55 +64,59 @@ class ColdTier:
 
     # ------------------------------------------------------------ reads
 
-    def _ask(self, message: Message, frames: Sequence[bytes] = ()) -> tuple[Message, list] | None:
-        """One request/answer; None (and a fresh socket) when the kvstore does not answer."""
-        self._socket.send_multipart(encode(message, frames), copy=False)
+    def fetch_run(self, keys: Sequence[BlockKey]) -> list[BlockPayload]:
+        """Payloads of the longest run of `keys`, from the first, that the kvstore has.
+
+        One streamed get: the kvstore sends block by block and stops at the first miss, and
+        each block is decoded here while the next is still being read and sent."""
+        if not keys:
+            return []
+        started = time.perf_counter()
+        request_id = next(self._ids)
+        self._socket.send_multipart(encode(KVGet(request_id, self.namespace, list(keys), stream=True)))
+        run: list[BlockPayload] = []
         deadline = time.monotonic() + _READ_TIMEOUT_MS / 1000
-        while (left := deadline - time.monotonic()) > 0:
-            if not self._socket.poll(int(left * 1000) + 1):
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._socket.poll(int(left * 1000) + 1):
+                self._timed_out()
                 break
             try:
-                answer, extra = decode(self._socket.recv_multipart(copy=False))
+                answer, frames = decode(self._socket.recv_multipart(copy=False))
             except ProtocolError as exc:
                 log.warning("bad answer from kvstore: %s", exc)
                 continue
-            if getattr(answer, "request_id", None) == getattr(message, "request_id", None):
-                return answer, extra
+            if not isinstance(answer, KVGetResult) or answer.request_id != request_id:
+                continue  # a late answer to an earlier, abandoned request
+            if answer.found and answer.found[0] and frames and len(run) == answer.seq:
+                buffer = frames[0].buffer
+                try:
+                    run.append(decode_block(buffer))
+                    self.stats.fetch_bytes += len(buffer)
+                except ValueError as exc:
+                    self.stats.corrupt_blocks += 1
+                    log.warning("unusable block from kvstore (%s); recomputing from there", exc)
+                    self._drain(request_id, answer.done, deadline)
+                    break
+            if answer.done:
+                break
+            deadline = time.monotonic() + _READ_TIMEOUT_MS / 1000  # per block, not per run
+        self.stats.fetched_blocks += len(run)
+        self.stats.fetch_s += time.perf_counter() - started
+        return run
+
+    def _drain(self, request_id: int, done: bool, deadline: float) -> None:
+        """Read and drop the rest of a streamed answer we no longer want."""
+        while not done and (left := deadline - time.monotonic()) > 0 and self._socket.poll(int(left * 1000) + 1):
+            with contextlib.suppress(ProtocolError):
+                answer, _ = decode(self._socket.recv_multipart(copy=False))
+                done = isinstance(answer, KVGetResult) and answer.request_id == request_id and answer.done
+
+    def _timed_out(self) -> None:
         self.stats.read_timeouts += 1
         log.warning("kvstore did not answer within %d ms; treating it as a miss", _READ_TIMEOUT_MS)
         self._socket.close(linger=0)  # drop any late answer with the socket
         self._socket = self._connect()
-        return None
-
-    def fetch_run(self, keys: Sequence[BlockKey]) -> list[BlockPayload]:
-        """Payloads of the longest run of `keys`, from the first, that the kvstore has."""
-        if not keys:
-            return []
-        started = time.perf_counter()
-        answer = self._ask(KVLookup(next(self._ids), self.namespace, list(keys)))
-        if answer is None or not isinstance(answer[0], KVLookupResult) or answer[0].num_found == 0:
-            return []
-        wanted = list(keys[: answer[0].num_found])
-        answer = self._ask(KVGet(next(self._ids), self.namespace, wanted))
-        if answer is None or not isinstance(answer[0], KVGetResult):
-            return []
-        result, frames = answer
-        run: list[BlockPayload] = []
-        frame_iter = iter(frames)
-        for found in result.found:
-            if not found:
-                break
-            frame = next(frame_iter)
-            try:
-                run.append(decode_block(frame.buffer if hasattr(frame, "buffer") else frame))
-            except ValueError as exc:
-                self.stats.corrupt_blocks += 1
-                log.warning("unusable block from kvstore (%s); recomputing from there", exc)
-                break
-            self.stats.fetch_bytes += len(frame.buffer if hasattr(frame, "buffer") else frame)
-        self.stats.fetched_blocks += len(run)
-        self.stats.fetch_s += time.perf_counter() - started
-        return run
 
     # ------------------------------------------------------------ writes
 

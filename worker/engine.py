@@ -114,6 +114,7 @@ class Engine:
 
     def add(self, request: AddRequest) -> None:
         """Tokenize, validate and enqueue; a bad request gets an ErrorEvent, never raises."""
+        arrived = time.perf_counter()  # TTFT counts tokenizing and the cache lookup too
         try:
             if request.request_id in self._by_request:
                 raise RequestError(f"duplicate request id {request.request_id}")
@@ -152,6 +153,7 @@ class Engine:
             want_progress=request.want_progress,
             plan=plan,
             cached_tokens=cached,
+            created_at=arrived,
         )
         if plan.ssd_blocks:
             log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",

@@ -51,6 +51,12 @@ class KVClient:
     def send(self, message: Message, frames: Sequence[bytes] = ()) -> None:
         self.socket.send_multipart(encode(message, frames))
 
+    def receive(self, timeout_s: float = 10.0) -> tuple[Message, list[bytes]]:
+        if not self.socket.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no message within {timeout_s}s")
+        answer, frames = decode(self.socket.recv_multipart())
+        return answer, [bytes(f) for f in frames]
+
     def ask(self, message: Message, timeout_s: float = 10.0) -> tuple[Message, list[bytes]]:
         self.send(message)
         if not self.socket.poll(int(timeout_s * 1000)):

@@ -187,3 +187,24 @@ def test_it_exits_when_its_parent_dies(tmp_path: Path) -> None:
         pytest.fail("kvstore outlived its parent")
     assert "parent process is gone" in parent.stderr
     Path(address.removeprefix("ipc://")).unlink(missing_ok=True)
+
+
+def test_streamed_get_sends_block_by_block_and_stops_at_the_first_miss(kv_process: KVProcess,
+                                                                       kv_client: KVClient) -> None:
+    kv_process.start()
+    blocks = [(key(i), payload(i, BLOCK)) for i in range(6)]
+    kv_client.put("m", blocks)
+    _flush(kv_client)
+    asked = [k for k, _ in blocks[:4]] + [key(99)] + [blocks[5][0]]
+    request_id = kv_client.next_id()
+    kv_client.send(KVGet(request_id, "m", asked, stream=True))
+    received = []
+    while True:
+        answer, frames = kv_client.receive()
+        assert isinstance(answer, KVGetResult) and answer.request_id == request_id
+        received.append((answer.seq, answer.found, [bytes(f) for f in frames]))
+        if answer.done:
+            break
+    assert [seq for seq, _, _ in received] == [0, 1, 2, 3, 4]
+    assert [frames[0] for _, found, frames in received[:4]] == [p for _, p in blocks[:4]]
+    assert received[-1][1] == [False] and received[-1][2] == []
