@@ -9,7 +9,6 @@ side by side: the same route on an idle service (the baseline) and under load, w
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -19,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from common import environment, log, mlxd_server, percentile, prepare_fp32_model, run_concurrently, wait_for_quiet
+from common import emit, environment, log, mlxd_server, percentile, prepare_fp32_model, run_concurrently, wait_for_quiet
 
 
 def poll(url: str, seconds: float, interval_s: float = 0.2) -> list[float]:
@@ -84,11 +83,7 @@ def main() -> int:
     }
     out["status_p95_ms_under_load"] = out["status_under_load"]["p95_ms"]
     out["ratio_p95_under_load_vs_idle"] = round(out["status_under_load"]["p95_ms"] / max(out["status_idle"]["p95_ms"], 0.01), 2)
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(out, args.out)
     return 0
 
 

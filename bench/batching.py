@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    emit,
     PYTHON,
     REPO,
     CpuMeter,
@@ -312,11 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": errors,
         "elapsed_s": round(time.perf_counter() - started, 1),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 1 if "mlxd" in errors else 0
 
 

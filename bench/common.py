@@ -469,3 +469,12 @@ def summarize_streams(results: list[StreamResult]) -> dict[str, Any]:
 
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def emit(result: dict[str, Any], out: Path | None) -> None:
+    """Print a scenario's JSON on stdout (what `make bench` collects), and keep a copy."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")

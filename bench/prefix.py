@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    emit,
     environment,
     log,
     mlxd_server,
@@ -148,11 +149,7 @@ def main() -> int:
         "environment": environment(),
         "runtime_s": round(time.monotonic() - started, 1),
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(out, args.out)
     return 0
 
 

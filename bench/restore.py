@@ -31,6 +31,7 @@ from typing import Any
 import lz4.block
 
 from common import (
+    emit,
     CpuMeter,
     Server,
     StreamResult,
@@ -388,11 +389,7 @@ def main() -> int:
         "environment": env,
         "runtime_s": round(time.monotonic() - started, 1),
     }
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(out, args.out)
     return 0
 
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import emit
+
 BENCH_DIR = Path(__file__).resolve().parent
 NOT_SCENARIOS = {"run_all.py", "common.py"}
 
@@ -54,11 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     for script in selected:
         sys.stderr.write(f"run_all: {script.stem}\n")
         results[script.stem] = run_scenario(script)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(results, args.out)
     return 1 if any("exit_code" in r or "error" in r for r in results.values()) else 0
 
 
