@@ -8,6 +8,7 @@ the disk. The writer's answers come back to the loop over an inproc socket.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import signal
@@ -258,6 +259,10 @@ def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
     _configure_logging()
     parent_pid = parent_pid or os.getppid()
     flags = _Flags()
+    # Background work: writes are write-behind and reads are rare, so on a machine with
+    # few cores the kvstore yields the CPU to the workers decoding tokens.
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
     def on_signal(signum: int, _frame: object) -> None:
         flags.stop_requested = True

@@ -44,7 +44,7 @@ def encode_block(payload: BlockPayload) -> bytes:
             if name not in _RAW:
                 raise ValueError(f"cannot store a {name} array in the cold tier")
             raw = a.view(_RAW[name][0]) if name == "bfloat16" else a
-            chunks.append(bytes(memoryview(raw)))
+            chunks.append(memoryview(raw).cast("B"))  # joined below: the only copy
             arrays.append([list(a.shape), name])
         layers.append({"kind": layer.kind, "arrays": arrays, "scalars": list(layer.scalars)})
     header = msgpack.packb({"v": FORMAT_VERSION, "layers": layers, "nbytes": payload.nbytes})

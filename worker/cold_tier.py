@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -129,6 +130,9 @@ class ColdTier:
             self.stats.dropped_blocks += 1
 
     def _write_loop(self) -> None:
+        # serializing blocks is background work: let the decode loop have the core
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         socket = make_socket(self._context, zmq.DEALER, self.address, bind=False)
         try:
             while True:
