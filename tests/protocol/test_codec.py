@@ -69,6 +69,8 @@ EXAMPLES = [
     KVLookupResult(1, 1),
     KVGet(2, "model-a", [b"k" * 16]),
     KVGetResult(2, [True, False]),
+    KVGet(7, "model-a", [b"k" * 16], stream=True),
+    KVGetResult(7, [True], seq=3, done=False),
     KVPut("model-a", [b"k" * 16]),
     KVFlush(3),
     KVFlushResult(3),
@@ -93,6 +95,8 @@ def test_round_trip(message, frames) -> None:
     assert decoded == message
     assert type(decoded) is type(message)
     assert extra == [bytes(f) for f in frames]
+    if hasattr(message, "keys"):  # block keys stay bytes (msgpack bin), never str
+        assert all(isinstance(k, bytes) for k in decoded.keys)
     for f in dataclasses.fields(decoded):
         value = getattr(decoded, f.name)
         if dataclasses.is_dataclass(getattr(message, f.name)):
