@@ -71,3 +71,28 @@ def test_full_service_restart_keeps_the_cache(default_model_dir: Path, home: Pat
         assert ask(svc, model, "ssd-1")["mlxd"]["cache"]["ssd_tokens"] >= 512
     finally:
         svc.stop()
+
+
+def test_a_killed_kvstore_is_restarted_and_requests_go_on(default_model_dir: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    svc = start(default_model_dir, tmp_path / "home")
+    try:
+        model = httpx.get(f"{svc.base_url}/v1/models").json()["data"][0]["id"]
+        pid = svc.health()["kvstore"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        # requests do not depend on the SSD tier being up: a miss, not an error
+        assert ask(svc, model, "kv-down")["choices"][0]["message"]["content"]
+        deadline = time.monotonic() + 30
+        while True:
+            kv = svc.health()["kvstore"]
+            if kv["state"] == "ready" and kv["pid"] not in (None, pid):
+                break
+            assert time.monotonic() < deadline, f"kvstore not restarted: {kv}"
+            time.sleep(0.2)
+        assert kv["restarts"] == 1
+        assert ask(svc, model, "kv-up")["choices"][0]["message"]["content"]
+    finally:
+        svc.stop()
