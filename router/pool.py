@@ -182,11 +182,11 @@ class WorkerPool:
         total = 0
         for model_id, supervisor in self.supervisors.items():
             if model_id != exclude and supervisor.state != "down":
-                total += max(self.need_bytes(self.registry[model_id]), self._rss(supervisor))
+                total += max(self.need_bytes(self.registry[model_id]), self.rss_bytes(supervisor))
         return total
 
     @staticmethod
-    def _rss(supervisor: WorkerSupervisor) -> int:
+    def rss_bytes(supervisor: WorkerSupervisor) -> int:
         pid = supervisor.child.pid if supervisor.child is not None and supervisor.child.alive() else None
         if pid is None:
             return 0
@@ -246,7 +246,7 @@ class WorkerPool:
                     f"model '{model_id}' needs about {need / 1e9:.2f} GB; {self.used_bytes() / 1e9:.2f} GB of the "
                     f"{self.budget_bytes / 1e9:.2f} GB budget is held by pinned models",
                     status=503, error_type="server_error", code="insufficient_memory")
-            idle = [m for m in candidates if self._in_flight(m) == 0]
+            idle = [m for m in candidates if self.in_flight(m) == 0]
             if idle:
                 victim = min(idle, key=lambda m: self.last_used.get(m, 0.0))
                 logger.info("evicting %s (least recently used) to make room for %s", victim, model_id)
@@ -259,7 +259,7 @@ class WorkerPool:
                     status=503, error_type="server_error", code="insufficient_memory")
             await asyncio.sleep(0.2)
 
-    def _in_flight(self, model_id: str) -> int:
+    def in_flight(self, model_id: str) -> int:
         supervisor = self.supervisors.get(model_id)
         if supervisor is None or supervisor.identity is None or self.client is None:
             return 0
@@ -299,12 +299,12 @@ class WorkerPool:
             now = time.time()
             for model_id in list(self.supervisors):
                 ttl = self.ttl_s(model_id)
-                if not ttl or model_id in self.pinned or self._in_flight(model_id):
+                if not ttl or model_id in self.pinned or self.in_flight(model_id):
                     continue
                 if now - self.last_used.get(model_id, now) > ttl:
                     logger.info("%s idle for more than %.0f s; unloading", model_id, ttl)
                     async with self._load_lock:
-                        if not self._in_flight(model_id):
+                        if not self.in_flight(model_id):
                             await self._unload(model_id)
 
     def record_finish(self, model_id: str, event: FinishEvent) -> None:
@@ -323,7 +323,7 @@ class WorkerPool:
         if supervisor is None:
             return "unloaded"
         if supervisor.state == "ready":
-            return "ready" if self._in_flight(model_id) else "idle"
+            return "ready" if self.in_flight(model_id) else "idle"
         return supervisor.state
 
     def is_healthy(self) -> bool:

@@ -159,7 +159,7 @@ class Engine:
             log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
                      request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
                      plan.ssd_bytes / 1e6 / plan.ssd_fetch_s if plan.ssd_fetch_s else 0.0)
-        if plan.keys is not None and self.prefix_cache.enabled:
+        if self.prefix_cache.enabled:
             log.info(
                 "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
                 request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,

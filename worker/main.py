@@ -91,17 +91,6 @@ class _Channel:
         self.context.term()
 
 
-def hot_cache_budget(requested: int, weights_bytes: int) -> int:
-    """Bytes for the hot tier: as asked, or a quarter of what RAM has left after an
-    8 GB reserve and the weights, kept between 256 MB and 8 GB."""
-    if requested > 0:
-        return requested
-    import psutil
-
-    spare = psutil.virtual_memory().total - (8 << 30) - weights_bytes
-    return int(min(8 << 30, max(256 << 20, spare // 4)))
-
-
 def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
     channel.send(Hello(protocol_version=PROTOCOL_VERSION, role="worker", pid=os.getpid()))
     deadline = time.monotonic() + _HANDSHAKE_TIMEOUT_S
@@ -165,7 +154,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas,
         loaded.weights_bytes / 1e6, loaded.context_length,
     )
-    budget = hot_cache_budget(config.hot_cache_bytes, loaded.weights_bytes)
+    budget = config.hot_cache_bytes  # sized by the router's pool from the memory budget
     cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and config.prefix_cache else None
     prefix_cache = PrefixCache(
         loaded.model, loaded.fingerprint, config.block_tokens, budget, enabled=config.prefix_cache, cold=cold

@@ -188,8 +188,6 @@ class PrefixCache:
         start = plan.captured_blocks * self.block_tokens
         if start >= len(tokens):
             return
-        if len(plan.keys) < plan.captured_blocks:
-            plan.keys = chain_keys(self.fingerprint, tokens, self.block_tokens, plan.salt)
         parent = self._parent(plan.keys, plan.captured_blocks, plan.salt)
         tail = tuple(tokens[start:])
         key = tail_key(parent, tail)
