@@ -241,7 +241,7 @@ class RouterConfig:
     max_disk_bytes: int = _setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
     segment_bytes: int = _setting(64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
     compression: str = _setting("lz4", "compression of SSD blocks", choices=("lz4", "none"))
-    hot_cache_bytes: int = _setting(0, "in-memory prefix cache budget per worker in bytes; 0 lets the worker choose")
+    hot_cache_bytes: int = _setting(0, "in-memory prefix cache budget per worker in bytes; 0 means an eighth of the memory budget (at least 256 MB)")
     max_context_tokens: int = _setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
     default_max_tokens: int = _setting(512, "output cap for requests that set no max_tokens")
     dtype: str = _setting(
