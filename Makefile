@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench blas clean
+.PHONY: install serve test bench blas kernels clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,23 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	@touch $@
 
-install: $(VENV)/.installed blas
+install: $(VENV)/.installed blas kernels
+
+# mlxd's CPU attention/SwiGLU kernels (worker/csrc), built against the installed MLX.
+# Without a compiler or cmake the service still runs, on MLX's slower CPU path.
+KERNEL_SO = worker/_cpu_kernels$(shell $(BIN)/python -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))" 2>/dev/null)
+kernels: $(VENV)/.installed
+	@if [ "$$(uname -s)" = Darwin ]; then exit 0; fi; \
+	if ! command -v cmake >/dev/null 2>&1 || ! command -v c++ >/dev/null 2>&1; then \
+		echo "warning: cmake or a C++ compiler is missing: CPU kernels not built (attention runs slower)"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(KERNEL_SO)
+
+$(KERNEL_SO): worker/csrc/*.cpp worker/csrc/*.h worker/csrc/CMakeLists.txt $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet "nanobind>=3,<4"
+	cmake -S worker/csrc -B .cache/kernels-build -DPython_EXECUTABLE=$(abspath $(BIN)/python) \
+		-DOUTPUT_DIR=$(abspath worker) > .cache/kernels-build.log
+	cmake --build .cache/kernels-build -j 2 >> .cache/kernels-build.log
+	@echo "built $@"
 
 # Optimised BLAS for MLX's CPU build (see DESIGN.md "Performance on Linux").
 blas:
@@ -32,4 +48,4 @@ bench: install
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .cache/kernels-build worker/_cpu_kernels*.so

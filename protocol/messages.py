@@ -82,6 +82,7 @@ class Ready(Message):
     weights_bytes: int
     eos_token_ids: list[int] = field(default_factory=list)
     hot_cache_bytes: int = 0
+    attention: str = "mlx"  # what runs attention: "mlx" or mlxd's CPU kernels
 
 
 @dataclass

@@ -114,6 +114,7 @@ class WorkerSupervisor:
             info["context_length"] = self.ready.context_length
             info["device"] = self.ready.device
             info["blas"] = self.ready.blas
+            info["attention"] = self.ready.attention
         if self.identity is not None:
             info["num_requests"] = self.client.num_open_requests(self.identity)
         if self.last_pong is not None and self.state == "ready":

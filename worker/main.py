@@ -150,8 +150,8 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
 
         log.warning("no optimised BLAS found: CPU inference will be slow. Fix: %s", missing_blas_hint())
     log.info(
-        "loaded %s in %.1fs: %s on %s, BLAS %s, %.0f MB of weights, context %d",
-        config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas,
+        "loaded %s in %.1fs: %s on %s, BLAS %s, attention %s, %.0f MB of weights, context %d",
+        config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas, loaded.attention,
         loaded.weights_bytes / 1e6, loaded.context_length,
     )
     budget = config.hot_cache_bytes  # sized by the router's pool from the memory budget
@@ -179,6 +179,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         weights_bytes=loaded.weights_bytes,
         eos_token_ids=engine.eos_token_ids,
         hot_cache_bytes=prefix_cache.hot.budget_bytes,
+        attention=loaded.attention,
     ))
     try:
         return _loop(channel, engine, parent_pid, flags)

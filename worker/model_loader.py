@@ -19,6 +19,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 
+from worker.cpu_kernels import install as install_cpu_kernels
+
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -35,6 +37,7 @@ class LoadedModel:
     weights_bytes: int
     load_time_s: float
     fingerprint: bytes
+    attention: str = "mlx"  # what runs attention and SwiGLU (worker.cpu_kernels)
 
 
 def _float_weight(module: nn.Module, dtype: mx.Dtype) -> mx.array:
@@ -79,11 +82,13 @@ def dequantize_model(model: nn.Module, dtype: mx.Dtype) -> int:
     return len(replacements)
 
 
-def model_fingerprint(path: Path, dtype: str) -> bytes:
-    """Hash of config, weights and serving dtype: blocks of one model (or of one model
-    served in another dtype, whose KV differs) are never read by another."""
+def model_fingerprint(path: Path, dtype: str, kernels: str = "mlx") -> bytes:
+    """Hash of config, weights, serving dtype and attention kernels: blocks of one model
+    (or of one model served in another dtype, or through other kernels, whose KV differs
+    in the last bits) are never read by another."""
     h = hashlib.blake2b(digest_size=16)
     h.update(dtype.encode())
+    h.update(kernels.split(" ")[0].encode())
     for file in sorted(path.iterdir()):
         if file.suffix in (".json", ".safetensors") and file.is_file():
             h.update(file.name.encode())
@@ -106,6 +111,7 @@ def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
     """Load weights + tokenizer, convert to the serving dtype, and materialize them."""
     start = time.perf_counter()
     model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    attention = install_cpu_kernels()  # after the load, so the model's module is imported
     effective = choose_dtype(dtype)
     if effective in _DTYPES:
         target = _DTYPES[effective]
@@ -133,5 +139,6 @@ def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
         context_length=context,
         weights_bytes=weights_bytes,
         load_time_s=time.perf_counter() - start,
-        fingerprint=model_fingerprint(Path(path), effective),
+        fingerprint=model_fingerprint(Path(path), effective, attention),
+        attention=attention,
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,17 @@ def test_models_lists_the_default_model(client, model_id) -> None:
     ids = [m.id for m in client.models.list().data]
     assert ids == [model_id]
     assert model_id == "SmolLM2-135M-Instruct"
+
+
+def test_health_names_the_attention_kernels(client, model_id, service) -> None:
+    """On Linux the worker runs attention and SwiGLU through mlxd's CPU kernels (built by
+    `make install`); a failed build or self-test would show here as "mlx (...)"."""
+    chat(client, model_id, max_tokens=1)  # the worker is loaded
+    (worker,) = service.health()["workers"].values()
+    if worker["device"] == "cpu" and sys.platform == "linux":
+        assert worker["attention"].startswith("mlxd-cpu-1 ("), worker
+    else:
+        assert worker["attention"] == "mlx"
 
 
 def test_greedy_chat_answers_paris(client, model_id) -> None:

@@ -1,0 +1,156 @@
+"""mlxd's CPU attention and SwiGLU kernels against MLX's own ops.
+
+The kernels must agree with `mx.fast.scaled_dot_product_attention` to float32 rounding
+in every mask form mlx-lm passes, and a row's result must be bit-identical whatever else
+shares the batch (that is what keeps batched and cached answers equal to lone ones).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+if mx.default_device().type != mx.DeviceType.cpu or sys.platform == "darwin":
+    pytest.skip("the kernels serve MLX's CPU build", allow_module_level=True)
+
+kernels = pytest.importorskip("worker._cpu_kernels", reason="kernels not built: run `make kernels`")
+
+TOL = 2e-5
+
+
+def _normal(*shape: int, seed: int) -> mx.array:
+    return mx.random.normal(shape, key=mx.random.key(seed))
+
+
+def _qkv(b: int, hq: int, hkv: int, length: int, keys: int, dim: int) -> tuple[mx.array, mx.array, mx.array]:
+    return _normal(b, hq, length, dim, seed=1), _normal(b, hkv, keys, dim, seed=2), _normal(b, hkv, keys, dim, seed=3)
+
+
+def _max_err(a: mx.array, b: mx.array) -> float:
+    return mx.abs(a - b).max().item()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 9, 3, 1, 430, 64),  # decode, grouped-query
+        (8, 9, 3, 1, 97, 64),  # batched decode
+        (1, 9, 3, 300, 300, 64),  # prefill from scratch
+        (1, 8, 2, 61, 700, 64),  # prefill after a prefix-cache hit
+        (2, 4, 4, 5, 37, 128),  # multi-head, head dim 128
+        (3, 6, 3, 7, 20, 32),  # odd sizes: keys not a multiple of the tile
+    ],
+)
+@pytest.mark.parametrize("mask", ["none", "causal", "bool", "additive"])
+def test_attention_matches_mlx(shape: tuple[int, ...], mask: str) -> None:
+    b, hq, hkv, length, keys, dim = shape
+    q, k, v = _qkv(*shape)
+    scale = dim**-0.5
+    if mask == "none":
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)
+        got = kernels.attention(q, k, v, scale=scale)
+    elif mask == "causal":
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")
+        got = kernels.attention(q, k, v, scale=scale, causal=True)
+    elif mask == "bool":
+        keep = mx.random.uniform(shape=(b, 1, length, keys), key=mx.random.key(4)) > 0.3
+        keep[..., 0] = True  # every row sees at least one key, as in real masks
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=keep)
+        got = kernels.attention(q, k, v, scale=scale, mask=keep)
+    else:
+        bias = _normal(length, keys, seed=5)
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=bias)
+        got = kernels.attention(q, k, v, scale=scale, mask=bias)
+    assert got.shape == want.shape
+    assert _max_err(got, want) < TOL
+
+
+def test_attention_reads_cache_views_and_transposed_queries() -> None:
+    """mlx-lm hands over keys as slices of a larger cache buffer and queries transposed
+    from (B, L, H, D); neither is contiguous."""
+    k_buf, v_buf = _normal(2, 3, 256, 64, seed=6), _normal(2, 3, 256, 64, seed=7)
+    k, v = k_buf[..., :150, :], v_buf[..., :150, :]
+    q = _normal(2, 20, 9, 64, seed=8).transpose(0, 2, 1, 3)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert _max_err(kernels.attention(q, k, v, scale=0.125, causal=True), want) < TOL
+    # a strided last axis is copied, not misread
+    k_t = _normal(1, 3, 64, 40, seed=9).swapaxes(-1, -2)
+    v1 = _normal(1, 3, 40, 64, seed=10)
+    q1 = _normal(1, 9, 1, 64, seed=11)
+    want = mx.fast.scaled_dot_product_attention(q1, k_t, v1, scale=0.125)
+    assert _max_err(kernels.attention(q1, k_t, v1, scale=0.125), want) < TOL
+
+
+def test_a_row_is_bit_identical_alone_and_in_a_batch() -> None:
+    """Left-padded batch (as BatchKVCache builds it) against each sequence alone: exact."""
+    lengths = [40, 23, 31, 9]
+    keys = max(lengths)
+    q = _normal(len(lengths), 9, 1, 64, seed=12)
+    k, v = _normal(len(lengths), 3, keys, 64, seed=13), _normal(len(lengths), 3, keys, 64, seed=14)
+    pad = mx.array([keys - n for n in lengths])
+    keep = (mx.arange(keys)[None, :] >= pad[:, None]).reshape(len(lengths), 1, 1, keys)
+    batched = kernels.attention(q, k, v, scale=0.125, mask=keep)
+    for i, n in enumerate(lengths):
+        alone = kernels.attention(q[i : i + 1], k[i : i + 1, :, keys - n :], v[i : i + 1, :, keys - n :], scale=0.125)
+        assert mx.array_equal(batched[i : i + 1], alone).item(), f"row {i} differs"
+
+
+def test_swiglu_matches_mlx() -> None:
+    for rows in (1, 7, 300):
+        gate = _normal(rows, 1536, seed=15) * 4
+        up = _normal(rows, 1536, seed=16)
+        want = gate * mx.sigmoid(gate) * up
+        assert _max_err(kernels.swiglu(gate, up), want) < 1e-4
+    extreme = mx.array([-1e4, -100.0, -88.0, -20.0, 0.0, 20.0, 88.0, 100.0])
+    got = kernels.swiglu(extreme, mx.ones_like(extreme))
+    want = extreme * mx.sigmoid(extreme)
+    assert mx.all(mx.isfinite(got)).item()
+    assert _max_err(got, want) < 1e-3
+
+
+def test_bad_shapes_are_rejected_not_misread() -> None:
+    q, k, v = _qkv(1, 4, 3, 2, 5, 16)  # 4 query heads over 3 kv heads
+    with pytest.raises(ValueError):
+        kernels.attention(q, k, v, scale=0.25)
+    q, k, v = _qkv(1, 2, 2, 2, 5, 12)  # head dim not a multiple of 8
+    with pytest.raises(ValueError):
+        kernels.attention(q, k, v, scale=0.25)
+    with pytest.raises(ValueError):
+        kernels.swiglu(mx.zeros((3,)), mx.zeros((4,)))
+
+
+def test_install_routes_mlx_lm_models_and_keeps_other_dtypes_on_mlx() -> None:
+    """In a fresh interpreter (installing patches mlx-lm's modules for the process)."""
+    code = """
+import mlx.core as mx
+import mlx_lm.models.llama as llama
+from mlx_lm.models import base
+from worker.cpu_kernels import install
+print(install())
+assert llama.scaled_dot_product_attention is base.scaled_dot_product_attention
+assert llama.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+q = mx.random.normal((1, 4, 3, 16)).astype(mx.float16)
+out = llama.scaled_dot_product_attention(q, q, q, cache=None, scale=0.25, mask="causal")
+assert out.dtype == mx.float16  # half precision goes to MLX's own kernel
+q32 = q.astype(mx.float32)
+want = mx.fast.scaled_dot_product_attention(q32, q32, q32, scale=0.25, mask="causal")
+got = llama.scaled_dot_product_attention(q32, q32, q32, cache=None, scale=0.25, mask="causal")
+assert mx.abs(want - got).max().item() < 1e-5
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("mlxd-cpu-1 ("), result.stdout
+
+
+def test_cache_fingerprint_names_the_kernels(tmp_path) -> None:
+    from worker.model_loader import model_fingerprint
+
+    (tmp_path / "config.json").write_text("{}")
+    stock = model_fingerprint(tmp_path, "float32", "mlx")
+    ours = model_fingerprint(tmp_path, "float32", "mlxd-cpu-1 (2 threads)")
+    assert stock != ours
+    assert ours == model_fingerprint(tmp_path, "float32", "mlxd-cpu-1 (8 threads)")

@@ -1,0 +1,297 @@
+#include "attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "parallel.h"
+#include "vec.h"
+
+namespace mlxd {
+
+using namespace mlx::core;
+
+namespace {
+
+enum MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
+
+constexpr int kTileRows = 4;   // query rows per register tile
+constexpr int kTileKeys = 16;  // keys per register tile (two vectors)
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Everything a task needs; copied into the dispatched closure (no references to arrays).
+struct Job {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t qs[3], ks[3], vs[3];  // strides of the first three axes, in floats
+  float* out;                   // (B, Hq, L, D), contiguous
+  int B, Hq, Hkv, L, S, D;
+  float scale;
+  int mask_kind;
+  const void* mask;
+  int64_t ms[4];
+  int rows_per_item;
+};
+
+// Scores of kTileRows query rows (scaled, D floats each, zero rows past the real ones)
+// against keys stored transposed in kt (D x sp): scores[r * sp + j].
+void score_tile(const float* qs, const float* kt, int sp, int D, float* scores) {
+  for (int j = 0; j < sp; j += kTileKeys) {
+    v8f acc[kTileRows][2] = {};
+    for (int d = 0; d < D; ++d) {
+      const float* kd = kt + static_cast<int64_t>(d) * sp + j;
+      v8f k0 = load8(kd);
+      v8f k1 = load8(kd + 8);
+      for (int r = 0; r < kTileRows; ++r) {
+        v8f qd = splat(qs[r * D + d]);
+        acc[r][0] += qd * k0;
+        acc[r][1] += qd * k1;
+      }
+    }
+    for (int r = 0; r < kTileRows; ++r) {
+      store8(scores + static_cast<int64_t>(r) * sp + j, acc[r][0]);
+      store8(scores + static_cast<int64_t>(r) * sp + j + 8, acc[r][1]);
+    }
+  }
+}
+
+// Masks, exponentiates and normalizes one row of scores in place (keys >= limit get
+// probability 0). Returns 1/sum, or 0 when no key is visible.
+float softmax_row(const Job& job, int b, int h, int i, int limit, int sp, float* s) {
+  if (job.mask_kind == kBool) {
+    const uint8_t* m = static_cast<const uint8_t*>(job.mask) + b * job.ms[0] + h * job.ms[1] + i * job.ms[2];
+    for (int j = 0; j < limit; ++j) {
+      if (!m[j * job.ms[3]]) s[j] = kNegInf;
+    }
+  } else if (job.mask_kind == kAdditive) {
+    const float* m = static_cast<const float*>(job.mask) + b * job.ms[0] + h * job.ms[1] + i * job.ms[2];
+    for (int j = 0; j < limit; ++j) s[j] += m[j * job.ms[3]];
+  }
+  for (int j = std::max(limit, 0); j < sp; ++j) s[j] = kNegInf;
+  v8f vmax = splat(kNegInf);
+  for (int j = 0; j < sp; j += 8) {
+    v8f x = load8(s + j);
+    vmax = x > vmax ? x : vmax;
+  }
+  float top = hmax(vmax);
+  if (!(top > kNegInf)) return 0.0f;
+  v8f vtop = splat(top);
+  for (int j = 0; j < sp; j += 8) store8(s + j, exp8(load8(s + j) - vtop));
+  // Summed in key order, one float at a time: vector lanes would group keys by their
+  // position mod 8, which moves with a batch's left padding and changes the rounding.
+  float sum = 0.0f;
+  for (int j = 0; j < limit; ++j) sum += s[j];
+  return 1.0f / sum;
+}
+
+// out = inv * sum_j p[j] * V[j], for D = 8 * DV (DV = 0: D known only at run time).
+template <int DV>
+void weighted_values(const float* p, int limit, const float* v, int64_t vstride, int D, float inv, float* out) {
+  constexpr int kMax = 32;  // D <= 256
+  const int dv = DV > 0 ? DV : D / 8;
+  v8f acc[DV > 0 ? DV : kMax] = {};
+  for (int j = 0; j < limit; ++j) {
+    float pj = p[j];
+    if (pj == 0.0f) continue;
+    const float* row = v + j * vstride;
+    v8f w = splat(pj);
+    for (int t = 0; t < dv; ++t) acc[t] += w * load8(row + 8 * t);
+  }
+  v8f vinv = splat(inv);
+  for (int t = 0; t < dv; ++t) store8(out + 8 * t, acc[t] * vinv);
+}
+
+void run_item(const Job& job, int64_t item) {
+  const int G = job.Hq / job.Hkv;
+  const int rows_per_head = G * job.L;  // row r is query position r / G of head r % G
+  const int blocks = (rows_per_head + job.rows_per_item - 1) / job.rows_per_item;
+  const int bk = static_cast<int>(item / blocks);
+  const int b = bk / job.Hkv, kvh = bk % job.Hkv;
+  const int r0 = static_cast<int>(item % blocks) * job.rows_per_item;
+  const int r1 = std::min(rows_per_head, r0 + job.rows_per_item);
+  const bool causal = job.mask_kind == kCausal;
+  auto limit_of = [&](int i) {
+    return causal ? std::clamp(job.S - job.L + i + 1, 0, job.S) : job.S;
+  };
+  const int keys = limit_of((r1 - 1) / G);
+  const int sp = std::max(kTileKeys, (keys + kTileKeys - 1) / kTileKeys * kTileKeys);
+  const int D = job.D;
+
+  thread_local std::vector<float> kt, qs, scores;
+  kt.assign(static_cast<size_t>(D) * sp, 0.0f);
+  const float* kbase = job.k + b * job.ks[0] + kvh * job.ks[1];
+  for (int j = 0; j < keys; ++j) {
+    const float* row = kbase + j * job.ks[2];
+    for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * sp + j] = row[d];
+  }
+  qs.resize(static_cast<size_t>(kTileRows) * D);
+  scores.resize(static_cast<size_t>(kTileRows) * sp);
+  const float* vbase = job.v + b * job.vs[0] + kvh * job.vs[1];
+
+  for (int rb = r0; rb < r1; rb += kTileRows) {
+    const int rows = std::min(kTileRows, r1 - rb);
+    std::fill(qs.begin(), qs.end(), 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      const int i = (rb + r) / G, h = kvh * G + (rb + r) % G;
+      const float* qrow = job.q + b * job.qs[0] + h * job.qs[1] + i * job.qs[2];
+      for (int d = 0; d < D; ++d) qs[r * D + d] = qrow[d] * job.scale;
+    }
+    score_tile(qs.data(), kt.data(), sp, D, scores.data());
+    for (int r = 0; r < rows; ++r) {
+      const int i = (rb + r) / G, h = kvh * G + (rb + r) % G;
+      const int limit = limit_of(i);
+      float* s = scores.data() + static_cast<size_t>(r) * sp;
+      float inv = softmax_row(job, b, h, i, limit, sp, s);
+      float* out = job.out + ((static_cast<int64_t>(b) * job.Hq + h) * job.L + i) * D;
+      if (inv == 0.0f) {
+        std::fill(out, out + D, 0.0f);
+      } else if (D == 64) {
+        weighted_values<8>(s, limit, vbase, job.vs[2], D, inv, out);
+      } else if (D == 128) {
+        weighted_values<16>(s, limit, vbase, job.vs[2], D, inv, out);
+      } else {
+        weighted_values<0>(s, limit, vbase, job.vs[2], D, inv, out);
+      }
+    }
+  }
+}
+
+// Copies `a` into a contiguous buffer when its last axis is strided.
+const float* last_axis_contiguous(const array& a, std::vector<float>& copy, int64_t strides[3]) {
+  if (a.strides()[3] == 1) {
+    for (int i = 0; i < 3; ++i) strides[i] = a.strides()[i];
+    return a.data<float>();
+  }
+  const auto& sh = a.shape();
+  copy.resize(a.size());
+  const float* src = a.data<float>();
+  size_t n = 0;
+  for (int i0 = 0; i0 < sh[0]; ++i0)
+    for (int i1 = 0; i1 < sh[1]; ++i1)
+      for (int i2 = 0; i2 < sh[2]; ++i2)
+        for (int i3 = 0; i3 < sh[3]; ++i3)
+          copy[n++] = src[i0 * a.strides()[0] + i1 * a.strides()[1] + i2 * a.strides()[2] + i3 * a.strides()[3]];
+  strides[0] = static_cast<int64_t>(sh[1]) * sh[2] * sh[3];
+  strides[1] = static_cast<int64_t>(sh[2]) * sh[3];
+  strides[2] = sh[3];
+  return copy.data();
+}
+
+class Attention : public Primitive {
+ public:
+  Attention(Stream stream, float scale, int mask_kind)
+      : Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+
+  void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
+    const array& q = inputs[0];
+    const array& k = inputs[1];
+    const array& v = inputs[2];
+    array& out = outputs[0];
+    out.set_data(allocator::malloc(out.nbytes()));
+    auto& encoder = cpu::get_command_encoder(stream());
+    for (const auto& in : inputs) encoder.set_input_array(in);
+    encoder.set_output_array(out);
+
+    Job job{};
+    job.B = q.shape(0);
+    job.Hq = q.shape(1);
+    job.L = q.shape(2);
+    job.D = q.shape(3);
+    job.Hkv = k.shape(1);
+    job.S = k.shape(2);
+    job.scale = scale_;
+    job.mask_kind = mask_kind_;
+    job.out = out.data<float>();
+    if (mask_kind_ == kBool || mask_kind_ == kAdditive) {
+      const array& m = inputs[3];
+      job.mask = mask_kind_ == kBool ? static_cast<const void*>(m.data<bool>())
+                                     : static_cast<const void*>(m.data<float>());
+      for (int i = 0; i < 4; ++i) job.ms[i] = m.strides()[i];
+    }
+    // Enough items to keep every core busy, each large enough to repay its key transpose.
+    const int rows_per_head = (job.Hq / job.Hkv) * job.L;
+    const int64_t heads = static_cast<int64_t>(job.B) * job.Hkv;
+    const int64_t target_items = 8LL * kernel_threads();
+    int64_t rows = (rows_per_head * heads + target_items - 1) / target_items;
+    rows = std::clamp<int64_t>((rows + kTileRows - 1) / kTileRows * kTileRows, 16, 256);
+    job.rows_per_item = static_cast<int>(std::min<int64_t>(rows, rows_per_head));
+    const int64_t items = heads * ((rows_per_head + job.rows_per_item - 1) / job.rows_per_item);
+    const double work = 2.0 * job.B * job.Hq * static_cast<double>(job.L) * job.S * job.D;
+
+    encoder.dispatch([job, items, work, q, k, v]() mutable {
+      std::vector<float> qc, kc, vc;
+      job.q = last_axis_contiguous(q, qc, job.qs);
+      job.k = last_axis_contiguous(k, kc, job.ks);
+      job.v = last_axis_contiguous(v, vc, job.vs);
+      parallel_for(items, work, [&job](int64_t item) { run_item(job, item); });
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("mlxd attention runs on the CPU stream only");
+  }
+
+  const char* name() const override {
+    return "MlxdAttention";
+  }
+
+  bool is_equivalent(const Primitive& other) const override {
+    const auto& o = static_cast<const Attention&>(other);
+    return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
+  }
+
+ private:
+  float scale_;
+  int mask_kind_;
+};
+
+}  // namespace
+
+array attention(
+    const array& q,
+    const array& k,
+    const array& v,
+    float scale,
+    bool causal,
+    const std::optional<array>& mask,
+    StreamOrDevice s) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4) {
+    throw std::invalid_argument("attention: q, k, v must be 4-D (B, H, L, D)");
+  }
+  if (q.dtype() != float32 || k.dtype() != float32 || v.dtype() != float32) {
+    throw std::invalid_argument("attention: float32 only");
+  }
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int Hkv = k.shape(1), S = k.shape(2);
+  if (k.shape(0) != B || v.shape() != k.shape() || k.shape(3) != D || Hkv == 0 || Hq % Hkv != 0) {
+    throw std::invalid_argument("attention: q (B,Hq,L,D), k and v (B,Hkv,S,D), Hq % Hkv == 0");
+  }
+  if (D % 8 != 0 || D > 256) {
+    throw std::invalid_argument("attention: head dim must be a multiple of 8, at most 256");
+  }
+  Stream stream = to_stream(s);
+  std::vector<array> inputs = {q, k, v};
+  int kind = causal ? kCausal : kNone;
+  if (mask.has_value()) {
+    if (causal) throw std::invalid_argument("attention: causal and a mask array are exclusive");
+    array m = *mask;
+    if (m.dtype() == bool_) {
+      kind = kBool;
+    } else {
+      m = astype(m, float32, stream);
+      kind = kAdditive;
+    }
+    inputs.push_back(broadcast_to(m, {B, Hq, L, S}, stream));
+  }
+  return array(
+      {B, Hq, L, D}, float32, std::make_shared<Attention>(stream, scale, kind), std::move(inputs));
+}
+
+}  // namespace mlxd
