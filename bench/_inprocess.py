@@ -89,10 +89,16 @@ def main() -> int:
     from mlx_lm import load
 
     model, tokenizer = load(spec["model_dir"])
+    # the same model code as mlxd's worker: its CPU kernels, when built ("mlx" otherwise)
+    sys.path.insert(0, spec["repo"])
+    from worker.cpu_kernels import install
+
+    attention = install()
     dtypes = sorted({str(v.dtype).removeprefix("mlx.core.") for _, v in tree_flatten(model.parameters())})
     run_batch(model, tokenizer, spec, [spec["warmup_prompt"]], spec.get("warmup_max_tokens", 8))
     _answer({
         "blas": blas,
+        "attention": attention,
         "dtype": ",".join(dtypes),
         "device": str(mx.default_device()),
         "mlx": mx.__version__,

@@ -67,7 +67,10 @@ SENTENCES = (
     "When a project in {topic} fails, the cause can often be traced back to {aspect}.",
     "Every good manual on {topic} devotes at least one chapter to {aspect}.",
 )
-WARMUP_PROMPT = "Hello there, this short request only warms the server up."
+# Each contender first serves one request of the measured shape (its own topic, so it
+# shares no prefix with them): first-touch costs (allocator growth, page faults, lazy
+# imports) then land in no measured N, for mlxd, in-process and peer alike.
+WARMUP_MAX_TOKENS = 16
 # Pushes every end-of-sequence token out of reach: each request generates max_tokens.
 EOS_BIAS = -100.0
 
@@ -93,8 +96,9 @@ def make_prompt(index: int, target_tokens: int, count_tokens: Callable[[str], in
     return text
 
 
-def make_prompt_sets(ns: list[int], target_tokens: int, model_dir: Path) -> tuple[dict[int, list[str]], list[int]]:
-    """Distinct prompts per N (the same set for every contender) and their token counts."""
+def make_prompt_sets(ns: list[int], target_tokens: int, model_dir: Path) -> tuple[dict[int, list[str]], list[int], str]:
+    """Distinct prompts per N (the same set for every contender), their token counts, and
+    the warm-up prompt (as long, on a topic of its own)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -102,18 +106,19 @@ def make_prompt_sets(ns: list[int], target_tokens: int, model_dir: Path) -> tupl
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text).ids)
 
-    if sum(ns) > len(TOPICS):
-        raise SystemExit(f"--ns needs {sum(ns)} distinct prompts; only {len(TOPICS)} topics exist")
+    if sum(ns) + 1 > len(TOPICS):
+        raise SystemExit(f"--ns needs {sum(ns) + 1} distinct prompts; only {len(TOPICS)} topics exist")
     sets: dict[int, list[str]] = {}
     index = 0
     for n in ns:
         sets[n] = [make_prompt(index + i, target_tokens, count_tokens) for i in range(n)]
         index += n
-    prompts = [p for n in ns for p in sets[n]] + [WARMUP_PROMPT]
+    warmup = make_prompt(index, target_tokens, count_tokens)
+    prompts = [p for n in ns for p in sets[n]] + [warmup]
     first_tokens = [tokenizer.encode(p).ids[0] for p in prompts]
     if len(set(first_tokens)) != len(first_tokens):
         raise RuntimeError("two benchmark prompts share their first token; a server could reuse a cache")
-    return sets, [count_tokens(p) for n in ns for p in sets[n]]
+    return sets, [count_tokens(p) for n in ns for p in sets[n]], warmup
 
 
 def request_body(server: Server, prompt: str, max_tokens: int, logit_bias: dict[str, float]) -> dict[str, Any]:
@@ -122,10 +127,10 @@ def request_body(server: Server, prompt: str, max_tokens: int, logit_bias: dict[
             "logit_bias": logit_bias}
 
 
-def measure_server(server: Server, prompt_sets: dict[int, list[str]], max_tokens: int,
+def measure_server(server: Server, prompt_sets: dict[int, list[str]], warmup: str, max_tokens: int,
                    logit_bias: dict[str, float], quiet_wait_s: float) -> dict[int, dict[str, Any]]:
-    """Warm up with one short request, then each N: all N streams sent at once."""
-    run_concurrently(server.base_url, [request_body(server, WARMUP_PROMPT, 8, logit_bias)])
+    """Warm up with one request of the measured shape, then each N: all N streams at once."""
+    run_concurrently(server.base_url, [request_body(server, warmup, WARMUP_MAX_TOKENS, logit_bias)])
     results: dict[int, dict[str, Any]] = {}
     for n, prompts in prompt_sets.items():
         wait_for_quiet(quiet_wait_s)  # also lets the server settle after the previous N
@@ -142,16 +147,17 @@ def measure_server(server: Server, prompt_sets: dict[int, list[str]], max_tokens
     return results
 
 
-def measure_in_process(model_dir: Path, prompt_sets: dict[int, list[str]], max_tokens: int,
+def measure_in_process(model_dir: Path, prompt_sets: dict[int, list[str]], warmup: str, max_tokens: int,
                        logit_bias: dict[str, float], stop_ids: list[int], max_num_seqs: int,
                        prefill_chunk_tokens: int, quiet_wait_s: float) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
     """BatchGenerator in a child that binds BLIS first, with mlxd's batch limits; the
     same pacing as the servers (wait for quiet, meter other load) around each N."""
     spec = {
-        "model_dir": str(model_dir), "blas": blas_path(), "max_tokens": max_tokens,
+        "model_dir": str(model_dir), "repo": str(REPO), "blas": blas_path(), "max_tokens": max_tokens,
         "logit_bias": logit_bias, "stop_token_ids": stop_ids,
         "completion_batch_size": max_num_seqs, "prefill_batch_size": max_num_seqs,
-        "prefill_step_size": prefill_chunk_tokens, "warmup_prompt": WARMUP_PROMPT,
+        "prefill_step_size": prefill_chunk_tokens, "warmup_prompt": warmup,
+        "warmup_max_tokens": WARMUP_MAX_TOKENS,
     }
     log("starting in-process BatchGenerator (%s)", spec["blas"])
     child = subprocess.Popen([PYTHON, str(REPO / "bench" / "_inprocess.py")], stdin=subprocess.PIPE,
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     env = environment()
     model_dir = prepare_fp32_model()
-    prompt_sets, prompt_lengths = make_prompt_sets(ns, args.prompt_tokens, model_dir)
+    prompt_sets, prompt_lengths, warmup = make_prompt_sets(ns, args.prompt_tokens, model_dir)
     stop_ids = eos_token_ids(model_dir)
     logit_bias = {str(t): EOS_BIAS for t in stop_ids}
     log("model %s; %d prompts of %d-%d tokens; EOS ids %s biased by %s", model_dir, len(prompt_lengths),
@@ -265,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with mlxd_server(model_dir, max_num_seqs=args.max_num_seqs,
                          prefill_chunk_tokens=args.prefill_chunk_tokens) as server:
-            by_system["mlxd"] = measure_server(server, prompt_sets, args.max_tokens, logit_bias,
+            by_system["mlxd"] = measure_server(server, prompt_sets, warmup, args.max_tokens, logit_bias,
                                                 args.quiet_wait_s)
             env["mlxd_worker"] = {**server.info, "dtype": _mlxd_worker_dtype(server.log_path),
                                   "log": str(server.log_path)}
@@ -274,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         errors["mlxd"] = str(exc)
     try:
         by_system["in_process"], env["in_process"] = measure_in_process(
-            model_dir, prompt_sets, args.max_tokens, logit_bias, stop_ids, args.max_num_seqs,
+            model_dir, prompt_sets, warmup, args.max_tokens, logit_bias, stop_ids, args.max_num_seqs,
             args.prefill_chunk_tokens, args.quiet_wait_s)
     except Exception as exc:
         log("in-process failed: %s", exc)
@@ -283,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with peer_server(model_dir, max_num_seqs=args.max_num_seqs,
                              prefill_chunk_tokens=args.prefill_chunk_tokens) as server:
-                by_system["peer"] = measure_server(server, prompt_sets, args.max_tokens, logit_bias,
+                by_system["peer"] = measure_server(server, prompt_sets, warmup, args.max_tokens, logit_bias,
                                                     args.quiet_wait_s)
                 env["peer"] = {**server.info, "log": str(server.log_path)}
         except Exception as exc:
