@@ -41,12 +41,13 @@ struct Job {
 };
 
 // Scores of kTileRows query rows (scaled, D floats each, zero rows past the real ones)
-// against keys stored transposed in kt (D x sp): scores[r * sp + j].
-void score_tile(const float* qs, const float* kt, int sp, int D, float* scores) {
-  for (int j = 0; j < sp; j += kTileKeys) {
+// against the first `width` keys of kt, stored transposed (D rows of `pitch` floats):
+// scores[r * width + j].
+void score_tile(const float* qs, const float* kt, int64_t pitch, int width, int D, float* scores) {
+  for (int j = 0; j < width; j += kTileKeys) {
     v8f acc[kTileRows][2] = {};
     for (int d = 0; d < D; ++d) {
-      const float* kd = kt + static_cast<int64_t>(d) * sp + j;
+      const float* kd = kt + d * pitch + j;
       v8f k0 = load8(kd);
       v8f k1 = load8(kd + 8);
       for (int r = 0; r < kTileRows; ++r) {
@@ -56,10 +57,28 @@ void score_tile(const float* qs, const float* kt, int sp, int D, float* scores) 
       }
     }
     for (int r = 0; r < kTileRows; ++r) {
-      store8(scores + static_cast<int64_t>(r) * sp + j, acc[r][0]);
-      store8(scores + static_cast<int64_t>(r) * sp + j + 8, acc[r][1]);
+      store8(scores + static_cast<int64_t>(r) * width + j, acc[r][0]);
+      store8(scores + static_cast<int64_t>(r) * width + j + 8, acc[r][1]);
     }
   }
+}
+
+// Keys [0, keys) of one (batch, kv head) into kt as D rows of `pitch` floats, zero past
+// `keys` up to `width`. Eight keys at a time, so every write fills a run of 8 floats.
+void transpose_keys(const float* k, int64_t kstride, int keys, int width, int D, float* kt, int64_t pitch) {
+  int j = 0;
+  for (; j + 8 <= keys; j += 8) {
+    const float* rows[8];
+    for (int t = 0; t < 8; ++t) rows[t] = k + (j + t) * kstride;
+    for (int d = 0; d < D; ++d) {
+      float* dst = kt + d * pitch + j;
+      for (int t = 0; t < 8; ++t) dst[t] = rows[t][d];
+    }
+  }
+  for (; j < keys; ++j) {
+    for (int d = 0; d < D; ++d) kt[d * pitch + j] = k[j * kstride + d];
+  }
+  for (int d = 0; d < D; ++d) std::fill(kt + d * pitch + keys, kt + d * pitch + width, 0.0f);
 }
 
 // Masks, exponentiates and normalizes one row of scores in place (keys >= limit get
@@ -91,24 +110,42 @@ float softmax_row(const Job& job, int b, int h, int i, int limit, int sp, float*
   return 1.0f / sum;
 }
 
-// out = inv * sum_j p[j] * V[j], for D = 8 * DV (DV = 0: D known only at run time).
-template <int DV>
-void weighted_values(const float* p, int limit, const float* v, int64_t vstride, int D, float inv, float* out) {
-  constexpr int kMax = 32;  // D <= 256
-  const int dv = DV > 0 ? DV : D / 8;
-  v8f acc[DV > 0 ? DV : kMax] = {};
-  for (int j = 0; j < limit; ++j) {
-    float pj = p[j];
-    if (pj == 0.0f) continue;
-    const float* row = v + j * vstride;
-    v8f w = splat(pj);
-    for (int t = 0; t < dv; ++t) acc[t] += w * load8(row + 8 * t);
+// For a tile of query rows: out[r] = inv[r] * sum_j p[r][j] * V[j], over NV vectors
+// (8 * NV floats) of the head dim starting at float `first`. Each value row is loaded
+// once per tile, not once per query row; keys past a row's limit have p = 0.
+template <int NV>
+void weighted_values_part(const float* p, int width, int keys, const float* v, int64_t vstride,
+                          const float* inv, int first, float* const* outs, int rows) {
+  v8f acc[kTileRows][NV] = {};
+  for (int j = 0; j < keys; ++j) {
+    const float* row = v + j * vstride + first;
+    v8f vals[NV];
+    for (int t = 0; t < NV; ++t) vals[t] = load8(row + 8 * t);
+    for (int r = 0; r < kTileRows; ++r) {
+      v8f w = splat(p[r * width + j]);
+      for (int t = 0; t < NV; ++t) acc[r][t] += w * vals[t];
+    }
   }
-  v8f vinv = splat(inv);
-  for (int t = 0; t < dv; ++t) store8(out + 8 * t, acc[t] * vinv);
+  for (int r = 0; r < rows; ++r) {
+    v8f scale = splat(inv[r]);
+    for (int t = 0; t < NV; ++t) store8(outs[r] + first + 8 * t, acc[r][t] * scale);
+  }
 }
 
-void run_item(const Job& job, int64_t item) {
+void weighted_values(const float* p, int width, int keys, const float* v, int64_t vstride, int D,
+                     const float* inv, float* const* outs, int rows) {
+  int first = 0;
+  for (; first + 32 <= D; first += 32) weighted_values_part<4>(p, width, keys, v, vstride, inv, first, outs, rows);
+  for (; first < D; first += 8) weighted_values_part<1>(p, width, keys, v, vstride, inv, first, outs, rows);
+}
+
+int keys_width(int keys) {
+  return std::max(kTileKeys, (keys + kTileKeys - 1) / kTileKeys * kTileKeys);
+}
+
+// One block of query rows of one (batch, kv head). `kt` holds that head's keys
+// transposed (pitch floats per row), or is null: then the block transposes them itself.
+void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitch) {
   const int G = job.Hq / job.Hkv;
   const int rows_per_head = G * job.L;  // row r is query position r / G of head r % G
   const int blocks = (rows_per_head + job.rows_per_item - 1) / job.rows_per_item;
@@ -121,18 +158,19 @@ void run_item(const Job& job, int64_t item) {
     return causal ? std::clamp(job.S - job.L + i + 1, 0, job.S) : job.S;
   };
   const int keys = limit_of((r1 - 1) / G);
-  const int sp = std::max(kTileKeys, (keys + kTileKeys - 1) / kTileKeys * kTileKeys);
+  const int width = keys_width(keys);
   const int D = job.D;
 
-  thread_local std::vector<float> kt, qs, scores;
-  kt.assign(static_cast<size_t>(D) * sp, 0.0f);
-  const float* kbase = job.k + b * job.ks[0] + kvh * job.ks[1];
-  for (int j = 0; j < keys; ++j) {
-    const float* row = kbase + j * job.ks[2];
-    for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * sp + j] = row[d];
+  thread_local std::vector<float> own_kt, qs, scores;
+  const float* kt = kt_shared ? kt_shared + bk * D * pitch : nullptr;
+  if (kt == nullptr) {
+    own_kt.resize(static_cast<size_t>(D) * width);
+    transpose_keys(job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, width, D, own_kt.data(), width);
+    kt = own_kt.data();
+    pitch = width;
   }
   qs.resize(static_cast<size_t>(kTileRows) * D);
-  scores.resize(static_cast<size_t>(kTileRows) * sp);
+  scores.resize(static_cast<size_t>(kTileRows) * width);
   const float* vbase = job.v + b * job.vs[0] + kvh * job.vs[1];
 
   for (int rb = r0; rb < r1; rb += kTileRows) {
@@ -143,24 +181,47 @@ void run_item(const Job& job, int64_t item) {
       const float* qrow = job.q + b * job.qs[0] + h * job.qs[1] + i * job.qs[2];
       for (int d = 0; d < D; ++d) qs[r * D + d] = qrow[d] * job.scale;
     }
-    score_tile(qs.data(), kt.data(), sp, D, scores.data());
-    for (int r = 0; r < rows; ++r) {
+    score_tile(qs.data(), kt, pitch, width, D, scores.data());
+    float inv[kTileRows] = {};
+    float* outs[kTileRows] = {};
+    int keys_used = 0;
+    for (int r = 0; r < kTileRows; ++r) {
+      float* s = scores.data() + static_cast<size_t>(r) * width;
+      if (r >= rows) {  // padding rows of the tile take no part
+        std::fill(s, s + width, 0.0f);
+        continue;
+      }
       const int i = (rb + r) / G, h = kvh * G + (rb + r) % G;
       const int limit = limit_of(i);
-      float* s = scores.data() + static_cast<size_t>(r) * sp;
-      float inv = softmax_row(job, b, h, i, limit, sp, s);
-      float* out = job.out + ((static_cast<int64_t>(b) * job.Hq + h) * job.L + i) * D;
-      if (inv == 0.0f) {
-        std::fill(out, out + D, 0.0f);
-      } else if (D == 64) {
-        weighted_values<8>(s, limit, vbase, job.vs[2], D, inv, out);
-      } else if (D == 128) {
-        weighted_values<16>(s, limit, vbase, job.vs[2], D, inv, out);
-      } else {
-        weighted_values<0>(s, limit, vbase, job.vs[2], D, inv, out);
-      }
+      inv[r] = softmax_row(job, b, h, i, limit, width, s);
+      outs[r] = job.out + ((static_cast<int64_t>(b) * job.Hq + h) * job.L + i) * D;
+      keys_used = std::max(keys_used, limit);
+    }
+    weighted_values(scores.data(), width, keys_used, vbase, job.vs[2], D, inv, outs, rows);
+    for (int r = 0; r < rows; ++r) {
+      if (inv[r] == 0.0f) std::fill(outs[r], outs[r] + D, 0.0f);  // a row that sees no key
     }
   }
+}
+
+// Every block of rows; when a head's rows span several blocks, its keys are transposed
+// once up front (in parallel over heads) instead of once per block.
+void run_job(const Job& job, int64_t items, double work) {
+  const int rows_per_head = (job.Hq / job.Hkv) * job.L;
+  const int blocks = (rows_per_head + job.rows_per_item - 1) / job.rows_per_item;
+  if (blocks == 1) {
+    parallel_for(items, work, [&job](int64_t item) { run_item(job, item, nullptr, 0); });
+    return;
+  }
+  const int64_t heads = static_cast<int64_t>(job.B) * job.Hkv;
+  const int width = keys_width(job.S);
+  std::vector<float> kt(static_cast<size_t>(heads) * job.D * width);
+  parallel_for(heads, static_cast<double>(heads) * job.S * job.D, [&](int64_t bk) {
+    const int b = static_cast<int>(bk / job.Hkv), kvh = static_cast<int>(bk % job.Hkv);
+    transpose_keys(job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], job.S, width, job.D,
+                   kt.data() + bk * job.D * width, width);
+  });
+  parallel_for(items, work, [&](int64_t item) { run_item(job, item, kt.data(), width); });
 }
 
 // Copies `a` into a contiguous buffer when its last axis is strided.
@@ -230,7 +291,7 @@ class Attention : public Primitive {
       job.q = last_axis_contiguous(q, qc, job.qs);
       job.k = last_axis_contiguous(k, kc, job.ks);
       job.v = last_axis_contiguous(v, vc, job.vs);
-      parallel_for(items, work, [&job](int64_t item) { run_item(job, item); });
+      run_job(job, items, work);
     });
   }
 
