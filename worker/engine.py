@@ -56,6 +56,7 @@ class Sequence:
     created_at: float = field(default_factory=time.perf_counter)
     prefill_started_at: float | None = None
     first_token_at: float | None = None
+    early_token: int | None = None  # sent before BatchGenerator reported it
     num_generated: int = 0
 
 
@@ -81,6 +82,7 @@ class Engine:
             else loaded.context_length
         )
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
+        self._early_first_token = mx.default_device().type == mx.DeviceType.cpu
         self._by_uid: dict[int, Sequence] = {}
         self._by_request: dict[str, Sequence] = {}
         self._generator = self._make_generator()
@@ -252,14 +254,47 @@ class Engine:
             if seq.want_progress:
                 done, total = response.progress
                 self._emit(ProgressEvent(seq.request_id, int(done), int(total)))
+            if response.end_of_prompt:
+                self._emit_first_token(seq, now)
         for response in generation_responses:
             seq = self._by_uid.get(response.uid)
             if seq is None:
                 continue
+            if seq.early_token is not None:
+                early, seq.early_token = seq.early_token, None
+                if response.token == early and response.finish_reason is None:
+                    continue  # sent a step ago by _emit_first_token
+                log.warning("request %s: first token %d reported as %d (%s)", seq.request_id, early,
+                            response.token, response.finish_reason)
             if response.finish_reason is not None and response.prompt_cache is not None:
                 # prompt + completion: the next turn of this conversation resends both
                 self.prefix_cache.capture_final(seq.plan, response.prompt_cache, response.all_tokens or [])
             self._on_token(seq, response.token, response.finish_reason, now)
+
+    def _emit_first_token(self, seq: Sequence, now: float) -> None:
+        """Send a sequence's first token as soon as it is sampled.
+
+        BatchGenerator samples it while the prompt's last token goes through the model, but
+        reports it only a step later, after dispatching the forward pass for the second
+        token; on MLX's CPU stream that dispatch runs most of the pass before returning,
+        so waiting would add a whole decode step to every request's TTFT. The token is
+        read from the generation batch (private to mlx-lm: any change there just turns
+        this off); a token that could end the request (EOS, max_tokens 1) waits for its
+        regular report, which carries the finish reason. On a GPU the dispatch returns at
+        once and reading the token early would stall the running batch instead: off there.
+        """
+        if seq.max_tokens <= 1 or not self._early_first_token:
+            return
+        batch = getattr(self._generator, "_generation_batch", None)
+        try:
+            index = batch.uids.index(seq.uid)  # type: ignore[union-attr]
+            token = int(batch._next_tokens[index].item())  # type: ignore[union-attr]
+        except (AttributeError, ValueError, IndexError, TypeError):
+            return
+        if token in self.eos_token_ids:
+            return
+        seq.early_token = token
+        self._on_token(seq, token, None, now)
 
     def _capture_prefill(self, seq: Sequence, processed: int) -> None:
         if not self.prefix_cache.enabled:
