@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
+from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
 from protocol.errors import RequestError
 from protocol.messages import (
@@ -57,6 +58,7 @@ class Sequence:
     prefill_started_at: float | None = None
     first_token_at: float | None = None
     early_token: int | None = None  # sent before BatchGenerator reported it
+    generator_max_tokens: int = 0  # what BatchGenerator still generates for it
     num_generated: int = 0
 
 
@@ -83,6 +85,7 @@ class Engine:
         )
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
         self._early_first_token = mx.default_device().type == mx.DeviceType.cpu
+        self._fast_prefill_since_step = False
         self._by_uid: dict[int, Sequence] = {}
         self._by_request: dict[str, Sequence] = {}
         self._generator = self._make_generator()
@@ -136,18 +139,9 @@ class Engine:
             return
         plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
         cached = plan.cached_tokens
-        uid = self._generator.insert_segments(
-            [self._segments(prompt_ids[cached:], cached)],
-            max_tokens=[max_tokens],
-            caches=[plan.caches] if plan.caches is not None else None,
-            all_tokens=[prompt_ids[:cached]],
-            samplers=[sampler],
-            logits_processors=[processors],
-        )[0]
-        plan.caches = None  # the generator owns the working copy now
         seq = Sequence(
             request_id=request.request_id,
-            uid=uid,
+            uid=-1,
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             detokenizer=IncrementalDetokenizer(self._tokenizer, prompt_ids[-4:]),
@@ -157,6 +151,42 @@ class Engine:
             cached_tokens=cached,
             created_at=arrived,
         )
+        first_token = None
+        if self._hit_fast_path_open(seq):
+            try:
+                first_token = self._prefill_hit(seq, sampler, processors)
+            except Exception as exc:  # e.g. out of memory inside MLX: this request only
+                log.exception("request %s: prefill failed", request.request_id)
+                plan.caches = None
+                self._emit_error(request.request_id, RequestError(
+                    f"generation failed: {exc}", status=500, error_type="server_error"))
+                mx.clear_cache()
+                return
+        if first_token is not None and (first_token in self.eos_token_ids or max_tokens == 1):
+            # the request ends with its first token: it never joins the batch
+            self.prefix_cache.capture_final(plan, plan.caches, prompt_ids)
+            plan.caches = None
+            self._by_request[request.request_id] = seq
+            self._emit(PromptEvent(request.request_id, len(prompt_ids), cached))
+            self._on_token(seq, first_token, "stop" if first_token in self.eos_token_ids else "length",
+                           time.perf_counter())
+            return
+        if first_token is not None:
+            # the prompt is all in the cache now; the batch continues from the first token
+            # a copy: the generator appends to the list it is given
+            segments, all_tokens, seq.generator_max_tokens = [[first_token]], list(prompt_ids), max_tokens - 1
+        else:
+            segments, all_tokens = self._segments(prompt_ids[cached:], cached), prompt_ids[:cached]
+            seq.generator_max_tokens = max_tokens
+        seq.uid = self._generator.insert_segments(
+            [segments],
+            max_tokens=[seq.generator_max_tokens],
+            caches=[plan.caches] if plan.caches is not None else None,
+            all_tokens=[all_tokens],
+            samplers=[sampler],
+            logits_processors=[processors],
+        )[0]
+        plan.caches = None  # the generator owns the working copy now
         if plan.ssd_blocks:
             log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
                      request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
@@ -167,9 +197,44 @@ class Engine:
                 request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,
                 plan.tail_tokens, len(prompt_ids) - cached,
             )
-        self._by_uid[uid] = seq
+        self._by_uid[seq.uid] = seq
         self._by_request[request.request_id] = seq
         self._emit(PromptEvent(request.request_id, len(prompt_ids), seq.cached_tokens))
+        if first_token is not None:
+            self._on_token(seq, first_token, None, time.perf_counter())
+
+    def _hit_fast_path_open(self, seq: Sequence) -> bool:
+        """A prefix hit with a short remainder may skip the queue when nothing waits and a
+        decode slot is free: it is the common agent turn, and nobody is overtaken."""
+        remainder = len(seq.prompt_ids) - seq.cached_tokens
+        return (
+            seq.plan.caches is not None
+            and not self._fast_prefill_since_step  # at most one chunk between decode steps
+            and 1 <= remainder <= self._config.prefill_chunk_tokens
+            and self.num_active < self._config.max_num_seqs
+            and all(other.first_token_at is not None for other in self._by_request.values())
+        )
+
+    def _prefill_hit(self, seq: Sequence, sampler: Sampler, processors: list[LogitsProcessor]) -> int:
+        """Prefill the uncached rest of the prompt, last token included, in one forward
+        pass, and sample the first token from its logits.
+
+        BatchGenerator prefills all but the last prompt token, then runs that token alone
+        as the first decode step: a second forward pass, which on this hardware costs as
+        much as the whole ~60-token rest of an agent's turn. Logits processors see the
+        prompt as context, as they would in the batch.
+        """
+        self._fast_prefill_since_step = True
+        seq.prefill_started_at = time.perf_counter()
+        remainder = mx.array([seq.prompt_ids[seq.cached_tokens :]])
+        logits = self._loaded.model(remainder, cache=seq.plan.caches)[:, -1, :]
+        context = mx.array(seq.prompt_ids)
+        for processor in processors:
+            logits = processor(context, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = sampler(logprobs)
+        mx.eval(token, [c.state for c in seq.plan.caches])
+        return int(token.item())
 
     def _segments(self, remainder: list[int], start: int) -> list[list[int]]:
         """Prefill pieces ending on block boundaries, so each block can be captured as it
@@ -235,6 +300,7 @@ class Engine:
     def step(self) -> None:
         """One BatchGenerator step: a decode step for running sequences plus one prefill
         chunk for waiting ones. A failure here fails the affected requests, not the worker."""
+        self._fast_prefill_since_step = False
         try:
             prompt_responses, generation_responses = self._generator.next()
         except Exception as exc:  # e.g. out of memory inside MLX
@@ -283,7 +349,7 @@ class Engine:
         regular report, which carries the finish reason. On a GPU the dispatch returns at
         once and reading the token early would stall the running batch instead: off there.
         """
-        if seq.max_tokens <= 1 or not self._early_first_token:
+        if seq.generator_max_tokens <= 1 or not self._early_first_token:
             return
         batch = getattr(self._generator, "_generation_batch", None)
         try:

@@ -1,8 +1,9 @@
-"""The first token leaves the engine in the step that samples it, not one step later.
+"""The first token leaves the engine as soon as it exists.
 
 BatchGenerator reports a sequence's first token only after dispatching the forward pass
 for its second; on MLX's CPU stream that costs a whole decode step of TTFT, so the
-engine sends it early. Same tokens, same finish, one step sooner.
+engine sends it early. A prefix hit's first token comes straight from the forward pass
+over the uncached rest of its prompt. Same tokens, same finish, sooner.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import FinishEvent, TokenEvent
+from protocol.messages import AddRequest, FinishEvent, SamplingParams, TokenEvent
 from tests.worker.test_prefix_cache import Harness, chat
 from tests.worker.tiny_models import make_tiny
 
@@ -73,3 +74,83 @@ def test_concurrent_requests_keep_their_tokens(tiny) -> None:
     rids += [h.submit(p, max_tokens=10) for p in prompts[2:]]  # join mid-flight
     h.run()
     assert [h.result(r)[0] for r in rids] == alone
+
+
+def _steps_to_first_token(h: Harness, rid: str) -> int:
+    return _run_counting_steps(h, rid)[0]
+
+
+def test_a_prefix_hit_samples_its_first_token_while_prefilling(tiny) -> None:
+    """A hit with a short uncached rest: the rest, last token included, is one forward
+    pass whose logits give the first token (no separate pass for the last prompt token).
+    Same tokens as computing the whole prompt from scratch."""
+    messages = chat("What is topic 7?")
+    scratch = Harness(tiny, cache=False)
+    want, want_finish = scratch.ask(messages, max_tokens=10)
+    h = Harness(tiny)
+    h.ask(messages, max_tokens=10)  # fills the cache
+    rid = h.submit(messages, max_tokens=10)
+    # the first token is out before any batch step
+    assert [e for e in h.events if isinstance(e, TokenEvent) and e.request_id == rid]
+    h.run()
+    got, finish = h.result(rid)
+    assert finish.usage.cached_tokens > 0
+    assert got == want
+    assert finish.finish_reason == want_finish.finish_reason and finish.usage.completion_tokens == 10
+    assert finish.usage.prompt_tokens == want_finish.usage.prompt_tokens  # the prompt is not the cache
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2])
+def test_a_hit_that_ends_at_once(tiny, max_tokens: int) -> None:
+    messages = chat("What is topic 8?")
+    h = Harness(tiny)
+    full, _ = h.ask(messages, max_tokens=4)
+    got, finish = h.ask(messages, max_tokens=max_tokens)
+    assert finish.usage.cached_tokens > 0
+    assert got == full[:max_tokens] and finish.finish_reason == "length"
+    assert not h.engine.has_work()
+
+
+def test_a_stop_string_in_the_first_token_of_a_hit(tiny) -> None:
+    messages = chat("What is topic 9?")
+    h = Harness(tiny)
+    full, _ = h.ask(messages, max_tokens=4)
+    first_text = tiny.tokenizer.decode(full[:1])
+    assert first_text.strip(), "the tiny model's first token must carry text for this test"
+    rid = h.submit(messages, max_tokens=4)  # a hit: its first token is out already
+    h.engine.abort(rid)  # the client goes away: nothing of it stays in the engine
+    assert not h.engine.has_work()
+    h.events.clear()
+    h.engine.add(AddRequest("stop1", messages=messages, sampling=SamplingParams(
+        max_tokens=4, temperature=0.0, stop=[first_text.strip()])))
+    h.run()
+    ids, finish = h.result("stop1")
+    assert finish.finish_reason == "stop"
+    assert first_text.strip() not in "".join(e.text for e in h.events if isinstance(e, TokenEvent))
+    assert not h.engine.has_work()
+
+
+def test_a_hit_waits_its_turn_behind_queued_prompts(tiny) -> None:
+    """While another prompt is still prefilling, a hit takes the normal FIFO path."""
+    messages = chat("What is topic 10?")
+    h = Harness(tiny)
+    want, _ = h.ask(messages, max_tokens=6)
+    other = h.submit(chat("Something entirely different " * 20), max_tokens=6)  # prefilling
+    rid = h.submit(messages, max_tokens=6)
+    assert not [e for e in h.events if isinstance(e, TokenEvent) and e.request_id == rid]
+    h.run()
+    assert h.result(rid)[0] == want
+    assert h.result(other)[1].finish_reason == "length"
+
+
+def test_one_fast_prefill_between_decode_steps(tiny) -> None:
+    """Hits arriving together: one takes the fast path, the next waits for the batch, so
+    running streams never wait more than one prefill chunk for their next token."""
+    h = Harness(tiny)
+    want = [h.ask(chat(f"What is topic {i}?"), max_tokens=6)[0] for i in (11, 12)]
+    first = h.submit(chat("What is topic 11?"), max_tokens=6)
+    second = h.submit(chat("What is topic 12?"), max_tokens=6)
+    started = {e.request_id for e in h.events if isinstance(e, TokenEvent)}
+    assert first in started and second not in started
+    h.run()
+    assert [h.result(first)[0], h.result(second)[0]] == want
