@@ -29,6 +29,7 @@ kernels: $(VENV)/.installed
 
 $(KERNEL_SO): worker/csrc/*.cpp worker/csrc/*.h worker/csrc/CMakeLists.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet "nanobind>=3,<4"
+	@mkdir -p .cache
 	cmake -S worker/csrc -B .cache/kernels-build -DPython_EXECUTABLE=$(abspath $(BIN)/python) \
 		-DOUTPUT_DIR=$(abspath worker) > .cache/kernels-build.log
 	cmake --build .cache/kernels-build -j 2 >> .cache/kernels-build.log
