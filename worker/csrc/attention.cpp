@@ -63,6 +63,22 @@ void score_tile(const float* qs, const float* kt, int64_t pitch, int width, int 
   }
 }
 
+// The same scores for a few rows (decode: one query per head) straight from the key rows,
+// one dot product per (row, key): transposing the keys would cost more than using them.
+void score_rows_direct(const float* qs, int rows, const float* k, int64_t kstride, int keys, int D,
+                       int width, float* scores) {
+  const int dv = D / 8;
+  for (int j = 0; j < keys; ++j) {
+    const float* row = k + j * kstride;
+    v8f acc[kTileRows] = {};
+    for (int t = 0; t < dv; ++t) {
+      v8f kv = load8(row + 8 * t);
+      for (int r = 0; r < kTileRows; ++r) acc[r] += load8(qs + r * D + 8 * t) * kv;
+    }
+    for (int r = 0; r < rows; ++r) scores[static_cast<int64_t>(r) * width + j] = hsum(acc[r]);
+  }
+}
+
 // Keys [0, keys) of one (batch, kv head) into kt as D rows of `pitch` floats, zero past
 // `keys` up to `width`. Eight keys at a time, so every write fills a run of 8 floats.
 void transpose_keys(const float* k, int64_t kstride, int keys, int width, int D, float* kt, int64_t pitch) {
@@ -163,7 +179,8 @@ void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitc
 
   thread_local std::vector<float> own_kt, qs, scores;
   const float* kt = kt_shared ? kt_shared + bk * D * pitch : nullptr;
-  if (kt == nullptr) {
+  const bool direct = kt == nullptr && r1 - r0 <= kTileRows;
+  if (kt == nullptr && !direct) {
     own_kt.resize(static_cast<size_t>(D) * width);
     transpose_keys(job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, width, D, own_kt.data(), width);
     kt = own_kt.data();
@@ -181,7 +198,12 @@ void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitc
       const float* qrow = job.q + b * job.qs[0] + h * job.qs[1] + i * job.qs[2];
       for (int d = 0; d < D; ++d) qs[r * D + d] = qrow[d] * job.scale;
     }
-    score_tile(qs.data(), kt, pitch, width, D, scores.data());
+    if (direct) {
+      score_rows_direct(qs.data(), rows, job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, D, width,
+                        scores.data());
+    } else {
+      score_tile(qs.data(), kt, pitch, width, D, scores.data());
+    }
     float inv[kTileRows] = {};
     float* outs[kTileRows] = {};
     int keys_used = 0;
