@@ -301,6 +301,7 @@ class Engine:
         """One BatchGenerator step: a decode step for running sequences plus one prefill
         chunk for waiting ones. A failure here fails the affected requests, not the worker."""
         self._fast_prefill_since_step = False
+        began = time.perf_counter()
         try:
             prompt_responses, generation_responses = self._generator.next()
         except Exception as exc:  # e.g. out of memory inside MLX
@@ -314,7 +315,8 @@ class Engine:
             if seq is None:
                 continue
             if seq.prefill_started_at is None:
-                seq.prefill_started_at = now
+                # the step that reports a prompt's first chunk is the step that ran it
+                seq.prefill_started_at = began
             if response.end_of_segment and not response.end_of_prompt:
                 self._capture_prefill(seq, int(response.progress[0]))
             if seq.want_progress:
