@@ -139,6 +139,16 @@ class Engine:
             return
         plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
         cached = plan.cached_tokens
+        if plan.ssd_blocks:
+            log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
+                     request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
+                     plan.ssd_bytes / 1e6 / plan.ssd_fetch_s if plan.ssd_fetch_s else 0.0)
+        if self.prefix_cache.enabled:
+            log.info(
+                "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
+                request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,
+                plan.tail_tokens, len(prompt_ids) - cached,
+            )
         seq = Sequence(
             request_id=request.request_id,
             uid=-1,
@@ -187,16 +197,6 @@ class Engine:
             logits_processors=[processors],
         )[0]
         plan.caches = None  # the generator owns the working copy now
-        if plan.ssd_blocks:
-            log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
-                     request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
-                     plan.ssd_bytes / 1e6 / plan.ssd_fetch_s if plan.ssd_fetch_s else 0.0)
-        if self.prefix_cache.enabled:
-            log.info(
-                "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
-                request.request_id, cached, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,
-                plan.tail_tokens, len(prompt_ids) - cached,
-            )
         self._by_uid[seq.uid] = seq
         self._by_request[request.request_id] = seq
         self._emit(PromptEvent(request.request_id, len(prompt_ids), seq.cached_tokens))
