@@ -54,6 +54,7 @@ class WorkerConfig(Message):
     max_num_seqs: int = 8
     max_queue: int = 64
     prefill_chunk_tokens: int = 512
+    batch_window_ms: int = 10
     block_tokens: int = 256
     hot_cache_bytes: int = 0
     prefix_cache: bool = True

@@ -234,6 +234,11 @@ class RouterConfig:
         "prompt tokens prefilled per step, so decoding of other requests keeps moving during a long "
         "prompt",
     )
+    batch_window_ms: int = _setting(
+        10,
+        "when nothing is running, how long the first prompt of a burst waits for the rest to arrive, so "
+        "they are prefilled together (0: never wait)",
+    )
     block_tokens: int = _setting(256, "tokens per prefix-cache block (only full blocks are cached)")
     prefix_cache: bool = _setting(True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
     cold_cache: bool = _setting(True, "keep prefix blocks on disk too (the kvstore process), so they survive memory pressure and restarts")
@@ -336,7 +341,7 @@ def _check(config: RouterConfig) -> None:
     for key in positive:
         if not getattr(config, key) > 0:
             raise ConfigError(key, f"must be > 0, got {getattr(config, key)!r}")
-    for key in ("hot_cache_bytes", "max_context_tokens", "shutdown_drain_s", "kill_after_s",
+    for key in ("batch_window_ms", "hot_cache_bytes", "max_context_tokens", "shutdown_drain_s", "kill_after_s",
                 "memory_budget_bytes", "idle_timeout_s"):
         if getattr(config, key) < 0:
             raise ConfigError(key, f"must be >= 0, got {getattr(config, key)!r}")

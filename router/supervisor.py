@@ -319,6 +319,7 @@ class WorkerSupervisor:
         return WorkerConfig(
             protocol_version=PROTOCOL_VERSION, model_id=self.model_id, model_path=str(self.model_path),
             max_num_seqs=c.max_num_seqs, max_queue=c.max_queue, prefill_chunk_tokens=c.prefill_chunk_tokens,
+            batch_window_ms=c.batch_window_ms,
             block_tokens=c.block_tokens, hot_cache_bytes=self.hot_cache_bytes, prefix_cache=c.prefix_cache,
             kvstore_address=self.kvstore_address, max_context_tokens=c.max_context_tokens,
             default_max_tokens=c.default_max_tokens, dtype=c.dtype, heartbeat_s=c.heartbeat_s,

@@ -108,6 +108,19 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self._by_request)
 
+    def gathering_batch(self) -> bool:
+        """True while requests wait to be prefilled, none has started, and slots are free.
+
+        Then nothing is streaming, so holding the first step back a few milliseconds
+        stalls nobody, and requests of one burst that are still on their way can join
+        its prefill: prefilling them one step apart would make all but the first wait a
+        whole prefill for their first token.
+        """
+        return (
+            0 < self.num_active < self._config.max_num_seqs
+            and all(seq.prefill_started_at is None for seq in self._by_request.values())
+        )
+
     def stats(self) -> dict[str, int | float]:
         """Memory and cache counters, sent with every pong for the status route."""
         return {

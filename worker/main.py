@@ -40,6 +40,7 @@ log = logging.getLogger("worker")
 
 _HANDSHAKE_TIMEOUT_S = 60.0
 _IDLE_POLL_MS = 50
+_GATHER_CAP_WINDOWS = 10  # a burst delays its prefill by at most this many windows
 
 
 class _Flags:
@@ -182,7 +183,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         attention=loaded.attention,
     ))
     try:
-        return _loop(channel, engine, parent_pid, flags)
+        return _loop(channel, engine, parent_pid, flags, config.batch_window_ms)
     finally:
         if cold is not None:
             # graceful shutdown: blocks handed to the cold tier reach the disk
@@ -191,7 +192,48 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
             cold.close()
 
 
-def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags) -> int:
+def _receive_requests(channel: _Channel, engine: Engine, flags: _Flags, window_ms: int) -> None:
+    """Act on every message waiting, blocking only when idle.
+
+    When the next step would start a prefill that nobody else waits on, requests still
+    on their way get `window_ms` of quiet to arrive (`_GATHER_CAP_WINDOWS` windows at
+    most), so that a burst shares that prefill instead of queueing behind its first
+    request (`Engine.gathering_batch`).
+    """
+    timeout = 0 if engine.has_work() else _IDLE_POLL_MS
+    while (message := channel.receive(timeout)) is not None:
+        timeout = 0
+        _handle(message, channel, engine, flags)
+    give_up_at = time.monotonic() + _GATHER_CAP_WINDOWS * window_ms / 1000
+    while window_ms > 0 and engine.gathering_batch() and not flags.stop_requested:
+        wait_ms = min(window_ms, int((give_up_at - time.monotonic()) * 1000))
+        message = channel.receive(wait_ms) if wait_ms > 0 else None
+        if message is None:
+            return  # a whole window of quiet: the burst is in
+        _handle(message, channel, engine, flags)
+
+
+def _handle(message: Message, channel: _Channel, engine: Engine, flags: _Flags) -> None:
+    if isinstance(message, AddRequest):
+        if flags.drain_deadline is not None:
+            channel.send(ErrorEvent(
+                message.request_id, "the worker is shutting down; retry",
+                status=503, error_type="server_error",
+            ))
+        else:
+            engine.add(message)
+    elif isinstance(message, AbortRequest):
+        engine.abort(message.request_id)
+    elif isinstance(message, Ping):
+        channel.send(Pong(message.nonce, message.sent_at, engine.num_active, 0, engine.stats()))
+    elif isinstance(message, Shutdown):
+        flags.stop_requested = True
+        flags.drain_deadline = time.monotonic() + message.drain_s
+    else:
+        log.warning("unexpected %s message; ignored", message.type)
+
+
+def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags, batch_window_ms: int) -> int:
     """Requests in, steps, events out, until told to stop or orphaned."""
     while True:
         if os.getppid() != parent_pid:
@@ -206,25 +248,6 @@ def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags) -> 
             if time.monotonic() > flags.drain_deadline:
                 engine.abort_all("the worker is shutting down")
                 return 0
-        timeout = 0 if engine.has_work() else _IDLE_POLL_MS
-        while (message := channel.receive(timeout)) is not None:
-            timeout = 0
-            if isinstance(message, AddRequest):
-                if flags.drain_deadline is not None:
-                    channel.send(ErrorEvent(
-                        message.request_id, "the worker is shutting down; retry",
-                        status=503, error_type="server_error",
-                    ))
-                else:
-                    engine.add(message)
-            elif isinstance(message, AbortRequest):
-                engine.abort(message.request_id)
-            elif isinstance(message, Ping):
-                channel.send(Pong(message.nonce, message.sent_at, engine.num_active, 0, engine.stats()))
-            elif isinstance(message, Shutdown):
-                flags.stop_requested = True
-                flags.drain_deadline = time.monotonic() + message.drain_s
-            else:
-                log.warning("unexpected %s message; ignored", message.type)
+        _receive_requests(channel, engine, flags, batch_window_ms)
         if engine.has_work():
             engine.step()

@@ -139,9 +139,14 @@ def test_disconnecting_streams_frees_their_slots(client, model_id, service) -> N
     assert service.log_text().count("aborted after") >= 4
 
 
+BURST_WINDOW_MS = 300
+
+
 @pytest.fixture(scope="module")
 def small_service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    svc = Service(["--model", str(default_model_dir), "--max-num-seqs", "2", "--max-queue", "2"],
+    # a batch window far above scheduling jitter, so the burst test below is deterministic
+    svc = Service(["--model", str(default_model_dir), "--max-num-seqs", "2", "--max-queue", "2",
+                   "--batch-window-ms", str(BURST_WINDOW_MS)],
                   home=tmp_path_factory.mktemp("home"))
     try:
         svc.wait_ready()
@@ -175,3 +180,28 @@ def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service) ->
     assert refused.headers.get("retry-after")
     assert refused.json()["error"]["code"] == "queue_full"
     assert results == [200] * 4
+
+
+def test_a_burst_of_requests_is_prefilled_in_one_step(small_service: Service) -> None:
+    """The second request of a burst, arriving while the service would already be
+    prefilling the first, joins that prefill (the worker's batch window): it does not wait
+    a whole prefill behind the first."""
+    client = openai.OpenAI(base_url=f"{small_service.base_url}/v1", api_key="x", max_retries=0, timeout=300)
+    model = client.models.list().data[0].id
+    salt = f"burst-{time.monotonic_ns()}"  # no prefix-cache hits: both prompts are prefilled
+    go = threading.Barrier(2)
+
+    def one(i: int) -> dict:
+        go.wait()
+        time.sleep(0.1 * i)  # well after the first request reached an idle worker
+        r = client.chat.completions.create(model=model, messages=ask(TOPICS[i]), temperature=0, max_tokens=2,
+                                           extra_body={"cache_salt": salt})
+        return r.model_extra["mlxd"]["timings"]
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(one, range(2))
+    # one step ran both prefills and sampled both first tokens: same start, same end
+    assert first["prefill_s"] == second["prefill_s"], (first, second)
+    # the first waited for the second (~0.1 s), but never a window longer than BURST_WINDOW_MS
+    assert 0.05 < first["queue_s"] < 0.1 + BURST_WINDOW_MS / 1000, first
+    assert second["queue_s"] < BURST_WINDOW_MS / 1000, second
