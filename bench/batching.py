@@ -4,12 +4,15 @@ N = 1, 2, 4, 8 concurrent streaming clients, each with its own ~300-token raw pr
 128 greedy tokens (EOS biased away so every request runs to its limit), against
 (a) mlxd over HTTP, (b) mlx-lm's BatchGenerator in-process on the same prompts (the
 engine's ceiling) and (c) `mlx_lm.server` with the same fp32 weights and BLAS (the peer).
-Prints one JSON object on stdout; progress on stderr. `--help` lists the flags.
+All three stay loaded for the whole run and take turns at each N, so drift in the speed
+of a shared machine lands on all of them alike. Prints one JSON object on stdout;
+progress on stderr. `--help` lists the flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -17,7 +20,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,31 +131,34 @@ def request_body(server: Server, prompt: str, max_tokens: int, logit_bias: dict[
             "logit_bias": logit_bias}
 
 
-def measure_server(server: Server, prompt_sets: dict[int, list[str]], warmup: str, max_tokens: int,
-                   logit_bias: dict[str, float], quiet_wait_s: float) -> dict[int, dict[str, Any]]:
-    """Warm up with one request of the measured shape, then each N: all N streams at once."""
+@dataclass
+class Contender:
+    """One system under test, loaded and warmed up, kept alive for the whole run so that
+    every N measures all contenders back to back (slow phases of a shared machine then
+    hit all of them, not whichever happened to run its N's during one)."""
+
+    name: str
+    pids: list[int]  # its process trees: their CPU is its own, not other load
+    run: Callable[[list[str]], dict[str, Any]]  # one N: these prompts at once -> summary
+
+
+def server_contender(server: Server, warmup: str, max_tokens: int, logit_bias: dict[str, float]) -> Contender:
+    """An HTTP server, warmed up with one request of the measured shape."""
     run_concurrently(server.base_url, [request_body(server, warmup, WARMUP_MAX_TOKENS, logit_bias)])
-    results: dict[int, dict[str, Any]] = {}
-    for n, prompts in prompt_sets.items():
-        wait_for_quiet(quiet_wait_s)  # also lets the server settle after the previous N
-        meter = CpuMeter()
-        try:
-            streams = run_concurrently(server.base_url, [request_body(server, p, max_tokens, logit_bias)
-                                                         for p in prompts])
-        except Exception as exc:  # keep the other N's figures; say what failed
-            log("%s N=%d failed: %s", server.name, n, exc)
-            results[n] = {"error": f"{type(exc).__name__}: {exc}"}
-            continue
-        results[n] = {**summarize_streams(streams), "other_cpu_cores": meter.other_cores()}
-        log("%s N=%d: %s", server.name, n, _brief(results[n]))
-    return results
+
+    def run(prompts: list[str]) -> dict[str, Any]:
+        bodies = [request_body(server, p, max_tokens, logit_bias) for p in prompts]
+        return summarize_streams(run_concurrently(server.base_url, bodies))
+
+    return Contender(server.name, [server.process.pid], run)
 
 
-def measure_in_process(model_dir: Path, prompt_sets: dict[int, list[str]], warmup: str, max_tokens: int,
-                       logit_bias: dict[str, float], stop_ids: list[int], max_num_seqs: int,
-                       prefill_chunk_tokens: int, quiet_wait_s: float) -> tuple[dict[int, dict[str, Any]], dict[str, Any]]:
-    """BatchGenerator in a child that binds BLIS first, with mlxd's batch limits; the
-    same pacing as the servers (wait for quiet, meter other load) around each N."""
+@contextlib.contextmanager
+def in_process_contender(model_dir: Path, warmup: str, max_tokens: int, logit_bias: dict[str, float],
+                         stop_ids: list[int], max_num_seqs: int,
+                         prefill_chunk_tokens: int) -> Iterator[tuple[Contender, dict[str, Any]]]:
+    """BatchGenerator in a child that binds BLIS first, with mlxd's batch limits; yields
+    it with the environment the child reports (it warms up before answering)."""
     spec = {
         "model_dir": str(model_dir), "repo": str(REPO), "blas": blas_path(), "max_tokens": max_tokens,
         "logit_bias": logit_bias, "stop_token_ids": stop_ids,
@@ -172,19 +179,14 @@ def measure_in_process(model_dir: Path, prompt_sets: dict[int, list[str]], warmu
             raise RuntimeError(f"in-process child exited with {child.wait()} (its stderr is above)")
         return json.loads(line)
 
-    results: dict[int, dict[str, Any]] = {}
+    def run(prompts: list[str]) -> dict[str, Any]:
+        batch = ask({"prompts": prompts})
+        return summarize(batch["ttft_s"], batch["completion_tokens"], batch["wall_s"], batch["prompt_tokens"],
+                         batch["inter_token_s"], batch["stream_decode_tok_s"])
+
     try:
         env = ask(spec)
-        for n, prompts in prompt_sets.items():
-            wait_for_quiet(quiet_wait_s)
-            meter = CpuMeter()
-            run = ask({"prompts": prompts})
-            results[n] = {
-                **summarize(run["ttft_s"], run["completion_tokens"], run["wall_s"], run["prompt_tokens"],
-                            run["inter_token_s"], run["stream_decode_tok_s"]),
-                "other_cpu_cores": meter.other_cores(),
-            }
-            log("in_process N=%d: %s", n, _brief(results[n]))
+        yield Contender("in_process", [child.pid], run), env
     finally:
         child.stdin.close()
         try:
@@ -192,7 +194,27 @@ def measure_in_process(model_dir: Path, prompt_sets: dict[int, list[str]], warmu
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    return results, env
+
+
+def measure_interleaved(contenders: list[Contender], prompt_sets: dict[int, list[str]],
+                        quiet_wait_s: float) -> dict[int, dict[str, dict[str, Any]]]:
+    """Each N on every contender in turn, the order rotating with N; before each run the
+    machine (idle contenders included) must be quiet, and other load is metered."""
+    results: dict[int, dict[str, dict[str, Any]]] = {}
+    for index, (n, prompts) in enumerate(prompt_sets.items()):
+        results[n] = {}
+        for contender in contenders[index % len(contenders):] + contenders[:index % len(contenders)]:
+            wait_for_quiet(quiet_wait_s, mine=())  # also lets every contender settle after the last run
+            meter = CpuMeter(contender.pids)
+            try:
+                summary = contender.run(prompts)
+            except Exception as exc:  # keep the other figures; say what failed
+                log("%s N=%d failed: %s", contender.name, n, exc)
+                results[n][contender.name] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            results[n][contender.name] = {**summary, "other_cpu_cores": meter.other_cores()}
+            log("%s N=%d: %s", contender.name, n, _brief(results[n][contender.name]))
+    return results
 
 
 def _brief(summary: dict[str, Any]) -> str:
@@ -266,39 +288,42 @@ def main(argv: list[str] | None = None) -> int:
     log("model %s; %d prompts of %d-%d tokens; EOS ids %s biased by %s", model_dir, len(prompt_lengths),
         min(prompt_lengths), max(prompt_lengths), stop_ids, EOS_BIAS)
 
-    by_system: dict[str, dict[int, dict[str, Any]]] = {}
     errors: dict[str, str] = {}
-    try:
-        with mlxd_server(model_dir, max_num_seqs=args.max_num_seqs,
-                         prefill_chunk_tokens=args.prefill_chunk_tokens) as server:
-            by_system["mlxd"] = measure_server(server, prompt_sets, warmup, args.max_tokens, logit_bias,
-                                                args.quiet_wait_s)
+    contenders: list[Contender] = []
+    with contextlib.ExitStack() as stack:
+        try:
+            server = stack.enter_context(mlxd_server(model_dir, max_num_seqs=args.max_num_seqs,
+                                                     prefill_chunk_tokens=args.prefill_chunk_tokens))
+            contenders.append(server_contender(server, warmup, args.max_tokens, logit_bias))
             env["mlxd_worker"] = {**server.info, "dtype": _mlxd_worker_dtype(server.log_path),
                                   "log": str(server.log_path)}
-    except Exception as exc:  # report what the others measured anyway
-        log("mlxd failed: %s", exc)
-        errors["mlxd"] = str(exc)
-    try:
-        by_system["in_process"], env["in_process"] = measure_in_process(
-            model_dir, prompt_sets, warmup, args.max_tokens, logit_bias, stop_ids, args.max_num_seqs,
-            args.prefill_chunk_tokens, args.quiet_wait_s)
-    except Exception as exc:
-        log("in-process failed: %s", exc)
-        errors["in_process"] = str(exc)
-    if not args.skip_peer:
+        except Exception as exc:  # report what the others measure anyway
+            log("mlxd failed: %s", exc)
+            errors["mlxd"] = str(exc)
         try:
-            with peer_server(model_dir, max_num_seqs=args.max_num_seqs,
-                             prefill_chunk_tokens=args.prefill_chunk_tokens) as server:
-                by_system["peer"] = measure_server(server, prompt_sets, warmup, args.max_tokens, logit_bias,
-                                                    args.quiet_wait_s)
-                env["peer"] = {**server.info, "log": str(server.log_path)}
+            contender, env["in_process"] = stack.enter_context(in_process_contender(
+                model_dir, warmup, args.max_tokens, logit_bias, stop_ids, args.max_num_seqs,
+                args.prefill_chunk_tokens))
+            contenders.append(contender)
         except Exception as exc:
-            log("peer failed: %s", exc)
-            errors["peer"] = str(exc)
-
-    results = {n: {system: runs[n] for system, runs in by_system.items() if n in runs} for n in ns}
+            log("in-process failed: %s", exc)
+            errors["in_process"] = str(exc)
+        if not args.skip_peer:
+            try:
+                server = stack.enter_context(peer_server(model_dir, max_num_seqs=args.max_num_seqs,
+                                                         prefill_chunk_tokens=args.prefill_chunk_tokens))
+                contenders.append(server_contender(server, warmup, args.max_tokens, logit_bias))
+                env["peer"] = {**server.info, "log": str(server.log_path)}
+            except Exception as exc:
+                log("peer failed: %s", exc)
+                errors["peer"] = str(exc)
+        results = measure_interleaved(contenders, prompt_sets, args.quiet_wait_s)
+    for n, per_n in results.items():
+        for name, run in per_n.items():
+            if "error" in run:
+                errors[f"{name} N={n}"] = run["error"]
     full_length = all(run.get("min_completion_tokens") == args.max_tokens
-                      for per_n in results.values() for run in per_n.values())
+                      for per_n in results.values() for run in per_n.values() if "error" not in run)
     if not full_length:
         log("warning: some requests stopped before %d tokens (see min_completion_tokens)", args.max_tokens)
     env["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,11 +108,19 @@ def _busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
-def _own_seconds() -> float:
-    """CPU seconds used by this process and every descendant (reaped ones included)."""
-    total = 0.0
+def _own_seconds(roots: Sequence[int] | None = None) -> float:
+    """CPU seconds used by this process and the process trees under `roots` (reaped
+    children included); `roots` None: under every descendant of this process."""
     me = psutil.Process()
-    for process in [me, *me.children(recursive=True)]:
+    processes = [me]
+    if roots is None:
+        processes += me.children(recursive=True)
+    for pid in roots or ():
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            processes += [root, *root.children(recursive=True)]
+    total = 0.0
+    for process in processes:
         with contextlib.suppress(psutil.Error):
             t = process.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
@@ -124,28 +132,33 @@ class CpuMeter:
 
     The machine is shared (2 cores): a test suite running next to a measurement halves
     it. Reporting that load next to the numbers tells a clean run from a skewed one.
+    `measured` names the process trees that are the benchmark's own work (default: all
+    of this process's descendants); idle contenders kept alive beside the measured one
+    then count as other load, as they should.
     """
 
-    def __init__(self) -> None:
-        self._start = (time.monotonic(), _busy_seconds(), _own_seconds())
+    def __init__(self, measured: Sequence[int] | None = None) -> None:
+        self._measured = measured
+        self._start = (time.monotonic(), _busy_seconds(), _own_seconds(measured))
 
     def other_cores(self) -> float:
         """Average cores busy with other work since the meter started."""
         wall0, busy0, own0 = self._start
         wall = time.monotonic() - wall0
-        other = (_busy_seconds() - busy0) - (_own_seconds() - own0)
+        other = (_busy_seconds() - busy0) - (_own_seconds(self._measured) - own0)
         return round(max(other, 0.0) / wall, 2) if wall > 0 else 0.0
 
 
-def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.25) -> float:
+def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.25, mine: Sequence[int] | None = None) -> float:
     """Wait (at most `max_wait_s`) until other processes use under `threshold_cores` for
     2 s in a row, so a measurement does not start in the middle of someone's test run.
-    Returns the load last seen."""
+    `mine` as for `CpuMeter`: `()` also waits for this benchmark's own servers to
+    settle (an SSD write-behind, say). Returns the load last seen."""
     deadline = time.monotonic() + max_wait_s
     quiet_windows = 0
     other = 0.0
     while True:
-        meter = CpuMeter()
+        meter = CpuMeter(mine)
         time.sleep(1.0)
         other = meter.other_cores()
         quiet_windows = quiet_windows + 1 if other < threshold_cores else 0
