@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
@@ -337,6 +338,7 @@ class Engine:
                 self._emit(ProgressEvent(seq.request_id, int(done), int(total)))
             if response.end_of_prompt:
                 self._emit_first_token(seq, now)
+        finished: list[tuple[PrefixPlan, list[Any], list[int]]] = []
         for response in generation_responses:
             seq = self._by_uid.get(response.uid)
             if seq is None:
@@ -349,8 +351,12 @@ class Engine:
                             response.token, response.finish_reason)
             if response.finish_reason is not None and response.prompt_cache is not None:
                 # prompt + completion: the next turn of this conversation resends both
-                self.prefix_cache.capture_final(seq.plan, response.prompt_cache, response.all_tokens or [])
+                finished.append((seq.plan, response.prompt_cache, response.all_tokens or []))
             self._on_token(seq, response.token, response.finish_reason, now)
+        # once every token of this step is out: a capture takes ~20 ms per sequence, and
+        # a batch that finishes together should not hold its last tokens back for them
+        for plan, caches, tokens in finished:
+            self.prefix_cache.capture_final(plan, caches, tokens)
 
     def _emit_first_token(self, seq: Sequence, now: float) -> None:
         """Send a sequence's first token as soon as it is sampled.
