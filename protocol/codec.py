@@ -17,12 +17,14 @@ from typing import Any
 import msgpack
 
 from protocol.errors import ProtocolError
-from protocol.messages import MESSAGE_TYPES, Message
+from protocol.messages import MESSAGE_TYPES, EventBatch, Message
 
 Buffer = bytes | bytearray | memoryview
 
 
 def _to_plain(value: Any) -> Any:
+    if isinstance(value, Message):  # tagged, so a message nested in another can be rebuilt
+        return {"type": value.type, **{f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
@@ -72,15 +74,34 @@ def decode(parts: Sequence[Buffer]) -> tuple[Message, list[Buffer]]:
         raise ProtocolError(f"undecodable message body: {exc}") from exc
     if not isinstance(body, dict):
         raise ProtocolError("message body is not a map")
-    tag = body.pop("type", None)
     num_frames = body.pop("num_frames", 0)
-    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
-    if cls is None:
+    tag = body.get("type")
+    if not isinstance(tag, str) or tag not in MESSAGE_TYPES:
         raise ProtocolError(f"unknown message type {tag!r}")
     frames = list(parts[1:])
     if len(frames) != num_frames:
         raise ProtocolError(f"{tag}: expected {num_frames} extra frames, got {len(frames)}")
+    return _build(body), frames
+
+
+def _build(body: Any) -> Message:
+    """A message from its plain body, `type` tag included; an `EventBatch` from the
+    bodies of the events it carries (never another batch)."""
+    if not isinstance(body, dict):
+        raise ProtocolError("message body is not a map")
+    tag = body.pop("type", None)
+    cls = MESSAGE_TYPES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message type {tag!r}")
+    if cls is EventBatch:
+        events = body.get("events")
+        if not isinstance(events, list):
+            raise ProtocolError(f"{tag}: bad fields: events is not a list")
+        built = [_build(event) for event in events]
+        if any(isinstance(event, EventBatch) for event in built):
+            raise ProtocolError(f"{tag}: a batch inside a batch")
+        return EventBatch(built)
     try:
-        return _from_plain(cls, body), frames
+        return _from_plain(cls, body)
     except TypeError as exc:
         raise ProtocolError(f"{tag}: bad fields: {exc}") from exc

@@ -251,6 +251,19 @@ class ErrorEvent(Message):
     code: str | None = None
 
 
+@dataclass
+class EventBatch(Message):
+    """Worker -> router: every event of one engine step, in order, as one message.
+
+    A step at 8 streams makes 8 or more events; sent one by one they cost ~0.27 ms each
+    inside the worker (every send wakes ZMQ's I/O thread on a CPU the model is using),
+    ~2 ms a step. The router delivers them as if they had come singly.
+    """
+
+    type: ClassVar[str] = "events"
+    events: list[Message] = field(default_factory=list)
+
+
 # ---------------------------------------------------------------- kvstore (SSD cold tier)
 # Any DEALER peer -> kvstore ROUTER. Keys are 16-byte block keys (`protocol.block_keys`),
 # scoped by `namespace` (one per model fingerprint). Block payloads are opaque bytes and

@@ -24,6 +24,7 @@ from protocol.messages import (
     AbortRequest,
     AddRequest,
     ErrorEvent,
+    EventBatch,
     FinishEvent,
     Message,
     ProgressEvent,
@@ -218,10 +219,11 @@ class WorkerClient:
                 continue
             if identity in self._heard:
                 self._heard[identity] = time.monotonic()
-            try:
-                self._dispatch(identity, message)
-            except Exception:  # one bad handler must not stop every worker's traffic
-                logger.exception("failed to handle %s from %r", message.type, identity)
+            for one in message.events if isinstance(message, EventBatch) else (message,):
+                try:
+                    self._dispatch(identity, one)
+                except Exception:  # one bad handler must not stop every worker's traffic
+                    logger.exception("failed to handle %s from %r", one.type, identity)
 
     def _dispatch(self, identity: bytes, message: Message) -> None:
         if isinstance(message, REQUEST_EVENTS):

@@ -6,11 +6,13 @@ when the router goes away, and on SIGTERM drains in-flight requests to a deadlin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import zmq
@@ -22,6 +24,7 @@ from protocol.messages import (
     AbortRequest,
     AddRequest,
     ErrorEvent,
+    EventBatch,
     Hello,
     Message,
     Ping,
@@ -70,12 +73,29 @@ class _Channel:
         self.socket = make_socket(
             self.context, zmq.DEALER, address, bind=False, identity=identity.encode()
         )
+        self._held: list[Message] | None = None
 
     def send(self, message: Message) -> None:
+        if self._held is not None:
+            self._held.append(message)
+            return
         try:
             self.socket.send_multipart(encode(message), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             log.warning("router not reachable; dropped %s", message.type)
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Hold what is sent inside the block and send it as one `EventBatch` at its end."""
+        self._held = []
+        try:
+            yield
+        finally:
+            held, self._held = self._held, None
+            if len(held) == 1:
+                self.send(held[0])
+            elif held:
+                self.send(EventBatch(held))
 
     def receive(self, timeout_ms: int) -> Message | None:
         if not self.socket.poll(timeout_ms):
@@ -250,4 +270,5 @@ def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags, bat
                 return 0
         _receive_requests(channel, engine, flags, batch_window_ms)
         if engine.has_work():
-            engine.step()
+            with channel.batched():  # one message per step, however many streams
+                engine.step()

@@ -15,6 +15,7 @@ from protocol.messages import (
     AbortRequest,
     AddRequest,
     ErrorEvent,
+    EventBatch,
     FinishEvent,
     Hello,
     KVClear,
@@ -65,6 +66,13 @@ EXAMPLES = [
     TokenEvent("r1", "Par", [123], 3.5),
     FinishEvent("r1", "stop", Usage(20, 3, 16), Timings(0.1, 0.2, 0.3, 0.4, 5.0, 100.0)),
     ErrorEvent("r1", "prompt too long", 400, "invalid_request_error", "messages", "context_length_exceeded"),
+    EventBatch([
+        PromptEvent("r2", 20, 0),
+        TokenEvent("r1", "Par", [123], 3.5),
+        FinishEvent("r1", "stop", Usage(20, 3, 16), Timings(0.1, 0.2, 0.3, 0.4, 5.0, 100.0)),
+        ErrorEvent("r3", "boom", 500, "server_error"),
+    ]),
+    EventBatch([]),
     KVLookup(1, "model-a", [b"k" * 16, b"j" * 16]),
     KVLookupResult(1, 1),
     KVGet(2, "model-a", [b"k" * 16]),
@@ -112,6 +120,10 @@ def test_round_trip(message, frames) -> None:
         ([msgpack.packb({"type": "nope"})], "unknown message type"),
         ([msgpack.packb({"type": "ping", "nonce": 1, "sent_at": 0.0, "num_frames": 1})], "extra frames"),
         ([msgpack.packb({"type": "ping", "nonce": 1})], "bad fields"),
+        ([msgpack.packb({"type": "events", "events": {"type": "ping"}})], "not a list"),
+        ([msgpack.packb({"type": "events", "events": [{"type": "nope"}]})], "unknown message type"),
+        ([msgpack.packb({"type": "events", "events": [{"type": "token", "text": "x"}]})], "bad fields"),
+        ([msgpack.packb({"type": "events", "events": [{"type": "events", "events": []}]})], "inside a batch"),
     ],
 )
 def test_bad_input_is_a_protocol_error(parts, problem) -> None:
@@ -123,3 +135,11 @@ def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
     body = msgpack.packb({"type": "abort_request", "request_id": "x", "future_field": 1})
     message, _ = decode([body])
     assert message == AbortRequest("x")
+
+
+def test_a_batch_keeps_each_event_whole_and_in_order() -> None:
+    batch = EventBatch([TokenEvent("a", "x", [1]), FinishEvent("a", "stop", Usage(1, 1)), TokenEvent("b", "y", [2])])
+    decoded, _ = decode([bytes(p) for p in encode(batch)])
+    assert [type(e) for e in decoded.events] == [TokenEvent, FinishEvent, TokenEvent]
+    assert isinstance(decoded.events[1].usage, Usage)
+    assert decoded == batch

@@ -25,6 +25,7 @@ from protocol.messages import (
     AbortRequest,
     AddRequest,
     ErrorEvent,
+    EventBatch,
     FinishEvent,
     Hello,
     Ping,
@@ -111,6 +112,7 @@ def main() -> int:
                 active[message.request_id] = {"add": message, "words": FAKE_REPLY.split(), "sent": 0,
                                               "next_at": time.monotonic() + delay, "text": text}
         now = time.monotonic()
+        step: list = []  # this tick's events go out as one batch, as the real worker's do
         for rid, state in list(active.items()):
             if now < state["next_at"]:
                 continue
@@ -123,15 +125,19 @@ def main() -> int:
             limit = 2 if "STOP" in state["text"] else len(state["words"])
             if state["sent"] < limit:
                 word = state["words"][state["sent"]]
-                send(TokenEvent(request_id=rid, text=word if state["sent"] == 0 else " " + word,
-                                token_ids=[state["sent"]]))
+                step.append(TokenEvent(request_id=rid, text=word if state["sent"] == 0 else " " + word,
+                                       token_ids=[state["sent"]]))
                 state["sent"] += 1
                 state["next_at"] = now + TOKEN_INTERVAL_S
             else:
-                send(FinishEvent(request_id=rid, finish_reason="length" if limit == 2 else "stop",
-                                 usage=Usage(prompt_tokens=len(state["text"].split()),
-                                             completion_tokens=state["sent"], cached_tokens=1)))
+                step.append(FinishEvent(request_id=rid, finish_reason="length" if limit == 2 else "stop",
+                                        usage=Usage(prompt_tokens=len(state["text"].split()),
+                                                    completion_tokens=state["sent"], cached_tokens=1)))
                 del active[rid]
+        if len(step) == 1:
+            send(step[0])
+        elif step:
+            send(EventBatch(events=step))
 
 
 if __name__ == "__main__":
