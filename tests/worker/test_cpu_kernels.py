@@ -112,6 +112,41 @@ def test_swiglu_matches_mlx() -> None:
     assert _max_err(got, want) < 1e-3
 
 
+@pytest.mark.parametrize("shape", [(1, 49152), (8, 49152), (3, 5), (2, 3, 17), (1, 1)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_logsumexp_matches_mlx(shape: tuple[int, ...], keepdims: bool) -> None:
+    x = _normal(*shape, seed=17) * 8
+    want = mx.logsumexp(x, axis=-1, keepdims=keepdims)
+    got = kernels.logsumexp_last(x, keepdims=keepdims)
+    assert got.shape == want.shape
+    assert _max_err(got, want) < 1e-5 * max(1.0, mx.abs(want).max().item())
+
+
+def test_logsumexp_edge_rows() -> None:
+    """Banned tokens (-inf), a row of -inf, +inf and NaN keep MLX's meaning."""
+    inf, nan = float("inf"), float("nan")
+    x = mx.array([
+        [0.0, -inf, 1.0, -inf, 2.0, -inf, 3.0, -inf, 4.0, 5.0],
+        [-inf] * 10,
+        [0.0] * 9 + [inf],
+        [0.0] * 4 + [nan] + [0.0] * 5,
+        [-1e30, 1e30] + [0.0] * 8,
+    ])
+    got = kernels.logsumexp_last(x).tolist()
+    want = mx.logsumexp(x, axis=-1).tolist()
+    assert got[0] == pytest.approx(want[0], abs=1e-5)
+    assert got[1] == -inf and got[2] == inf
+    assert got[3] != got[3]  # NaN
+    assert got[4] == pytest.approx(1e30)
+
+
+def test_logsumexp_row_is_bit_identical_alone_and_in_a_batch() -> None:
+    rows = _normal(8, 49152, seed=18) * 5
+    batch = kernels.logsumexp_last(rows)
+    for i in (0, 5):
+        assert kernels.logsumexp_last(rows[i : i + 1]).item() == batch[i].item()
+
+
 def test_bad_shapes_are_rejected_not_misread() -> None:
     q, k, v = _qkv(1, 4, 3, 2, 5, 16)  # 4 query heads over 3 kv heads
     with pytest.raises(ValueError):
@@ -121,6 +156,8 @@ def test_bad_shapes_are_rejected_not_misread() -> None:
         kernels.attention(q, k, v, scale=0.25)
     with pytest.raises(ValueError):
         kernels.swiglu(mx.zeros((3,)), mx.zeros((4,)))
+    with pytest.raises(ValueError):
+        kernels.logsumexp_last(mx.zeros((3, 4), dtype=mx.float16))
 
 
 def test_install_routes_mlx_lm_models_and_keeps_other_dtypes_on_mlx() -> None:
@@ -140,6 +177,13 @@ q32 = q.astype(mx.float32)
 want = mx.fast.scaled_dot_product_attention(q32, q32, q32, scale=0.25, mask="causal")
 got = llama.scaled_dot_product_attention(q32, q32, q32, cache=None, scale=0.25, mask="causal")
 assert mx.abs(want - got).max().item() < 1e-5
+logits = mx.random.normal((8, 1000))
+assert mx.logsumexp.__module__ == "worker.cpu_kernels"  # BatchGenerator's call now reaches the kernel
+assert mx.abs(mx.logsumexp(logits, axis=-1, keepdims=True)
+              - mx.log(mx.sum(mx.exp(logits), axis=-1, keepdims=True))).max().item() < 1e-5
+assert mx.logsumexp(logits).shape == ()  # other axes go to MLX's own op
+assert mx.logsumexp(logits, axis=0).shape == (1000,)
+assert mx.logsumexp(logits.astype(mx.float16), axis=-1).dtype == mx.float16
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -4,13 +4,14 @@
 #include <nanobind/stl/variant.h>
 
 #include "attention.h"
+#include "logsumexp.h"
 #include "parallel.h"
 #include "swiglu.h"
 
 namespace nb = nanobind;
 
 NB_MODULE(_cpu_kernels, m) {
-  m.doc() = "mlxd CPU kernels: attention and SwiGLU with a vectorized exp, on every core";
+  m.doc() = "mlxd CPU kernels: attention, SwiGLU and logsumexp with a vectorized exp, on every core";
   m.def(
       "attention",
       &mlxd::attention,
@@ -23,5 +24,12 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("mask") = nb::none(),
       nb::arg("stream") = nb::none());
   m.def("swiglu", &mlxd::swiglu, nb::arg("gate"), nb::arg("up"), nb::kw_only(), nb::arg("stream") = nb::none());
+  m.def(
+      "logsumexp_last",
+      &mlxd::logsumexp_last,
+      nb::arg("x"),
+      nb::kw_only(),
+      nb::arg("keepdims") = false,
+      nb::arg("stream") = nb::none());
   m.def("threads", &mlxd::kernel_threads);
 }
