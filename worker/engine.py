@@ -71,8 +71,12 @@ class Engine:
     leaves them gets exactly one terminal event (FinishEvent or ErrorEvent).
     """
 
-    def __init__(self, loaded: LoadedModel, config: WorkerConfig, emit: Emit, prefix_cache: PrefixCache) -> None:
+    def __init__(self, loaded: LoadedModel, config: WorkerConfig, emit: Emit, prefix_cache: PrefixCache,
+                 flush: Callable[[], None] | None = None) -> None:
+        """`flush`, if given, sends what `emit` has buffered so far (the worker batches a
+        step's events into one message)."""
         self._loaded = loaded
+        self._flush = flush
         self.prefix_cache = prefix_cache
         self._segment_tokens = prefix_cache.segment_tokens(config.prefill_chunk_tokens)
         self._config = config
@@ -353,8 +357,13 @@ class Engine:
                 # prompt + completion: the next turn of this conversation resends both
                 finished.append((seq.plan, response.prompt_cache, response.all_tokens or []))
             self._on_token(seq, response.token, response.finish_reason, now)
-        # once every token of this step is out: a capture takes ~20 ms per sequence, and
-        # a batch that finishes together should not hold its last tokens back for them
+        # Capturing a finished cache first waits for the decode step already dispatched,
+        # then slices its blocks (~20 ms each). A lone finisher is captured before its last
+        # token leaves, so a client that answers at once finds its prefix already cached;
+        # when several finish together their tokens go out first, none waiting for the
+        # others' captures.
+        if len(finished) > 1 and self._flush is not None:
+            self._flush()
         for plan, caches, tokens in finished:
             self.prefix_cache.capture_final(plan, caches, tokens)
 

@@ -91,11 +91,15 @@ class _Channel:
         try:
             yield
         finally:
-            held, self._held = self._held, None
-            if len(held) == 1:
-                self.send(held[0])
-            elif held:
-                self.send(EventBatch(held))
+            self.flush()
+            self._held = None
+
+    def flush(self) -> None:
+        """Inside `batched`: send what is held now, as one message, and go on holding."""
+        held, self._held = self._held, None
+        if held:
+            self.send(held[0] if len(held) == 1 else EventBatch(held))
+        self._held = [] if held is not None else None
 
     def receive(self, timeout_ms: int) -> Message | None:
         if not self.socket.poll(timeout_ms):
@@ -185,7 +189,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         "on" if prefix_cache.enabled else "off", config.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
         config.kvstore_address or "off",
     )
-    engine = Engine(loaded, config, channel.send, prefix_cache)
+    engine = Engine(loaded, config, channel.send, prefix_cache, flush=channel.flush)
     channel.send(Ready(
         protocol_version=PROTOCOL_VERSION,
         model_id=config.model_id,
