@@ -5,8 +5,9 @@ N = 1, 2, 4, 8 concurrent streaming clients, each with its own ~300-token raw pr
 (a) mlxd over HTTP, (b) mlx-lm's BatchGenerator in-process on the same prompts (the
 engine's ceiling) and (c) `mlx_lm.server` with the same fp32 weights and BLAS (the peer).
 All three stay loaded for the whole run and take turns at each N, so drift in the speed
-of a shared machine lands on all of them alike. Prints one JSON object on stdout;
-progress on stderr. `--help` lists the flags.
+of a shared machine lands on all of them alike; every N is measured `--repeats` times
+on fresh prompts and each figure is the median (each repeat's own figures are listed
+beside it). Prints one JSON object on stdout; progress on stderr. `--help` lists the flags.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -51,7 +53,9 @@ TOPICS = (
     "Horology", "Irrigation", "Journalism", "Knitting", "Linguistics", "Metallurgy", "Navigation",
     "Oceanography", "Pottery", "Quilting", "Robotics", "Sailing", "Typography", "Upholstery",
     "Viticulture", "Weaving", "Xylography", "Yachting", "Zoology", "Bookbinding", "Calligraphy",
-    "Forestry", "Glassblowing", "Meteorology", "Perfumery",
+    "Forestry", "Glassblowing", "Origami", "Perfumery", "Archery", "Heraldry", "Ironwork", "Jewellery",
+    "Cheesemaking", "Masonry", "Needlepoint", "Orienteering", "Printmaking", "Rowing", "Hydrology", "Tailoring",
+    "Embroidery", "Entomology", "Woodturning", "Ceramics",
 )
 ASPECTS = (
     "the choice of materials", "careful planning", "safety rules", "record keeping", "the right tools",
@@ -100,9 +104,10 @@ def make_prompt(index: int, target_tokens: int, count_tokens: Callable[[str], in
     return text
 
 
-def make_prompt_sets(ns: list[int], target_tokens: int, model_dir: Path) -> tuple[dict[int, list[str]], list[int], str]:
-    """Distinct prompts per N (the same set for every contender), their token counts, and
-    the warm-up prompt (as long, on a topic of its own)."""
+def make_prompt_sets(ns: list[int], target_tokens: int, model_dir: Path,
+                     repeats: int = 1) -> tuple[list[dict[int, list[str]]], list[int], str]:
+    """Distinct prompts per N and per repeat (the same sets for every contender), their
+    token counts, and the warm-up prompt (as long, on a topic of its own)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -110,19 +115,22 @@ def make_prompt_sets(ns: list[int], target_tokens: int, model_dir: Path) -> tupl
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text).ids)
 
-    if sum(ns) + 1 > len(TOPICS):
-        raise SystemExit(f"--ns needs {sum(ns) + 1} distinct prompts; only {len(TOPICS)} topics exist")
-    sets: dict[int, list[str]] = {}
+    needed = repeats * sum(ns) + 1
+    if needed > len(TOPICS):
+        raise SystemExit(f"--ns and --repeats need {needed} distinct prompts; only {len(TOPICS)} topics exist")
+    sets: list[dict[int, list[str]]] = []
     index = 0
-    for n in ns:
-        sets[n] = [make_prompt(index + i, target_tokens, count_tokens) for i in range(n)]
-        index += n
+    for _ in range(repeats):
+        sets.append({})
+        for n in ns:
+            sets[-1][n] = [make_prompt(index + i, target_tokens, count_tokens) for i in range(n)]
+            index += n
     warmup = make_prompt(index, target_tokens, count_tokens)
-    prompts = [p for n in ns for p in sets[n]] + [warmup]
-    first_tokens = [tokenizer.encode(p).ids[0] for p in prompts]
+    prompts = [p for per_repeat in sets for n in ns for p in per_repeat[n]]
+    first_tokens = [tokenizer.encode(p).ids[0] for p in [*prompts, warmup]]
     if len(set(first_tokens)) != len(first_tokens):
         raise RuntimeError("two benchmark prompts share their first token; a server could reuse a cache")
-    return sets, [count_tokens(p) for n in ns for p in sets[n]], warmup
+    return sets, [count_tokens(p) for p in prompts], warmup
 
 
 def request_body(server: Server, prompt: str, max_tokens: int, logit_bias: dict[str, float]) -> dict[str, Any]:
@@ -196,25 +204,50 @@ def in_process_contender(model_dir: Path, warmup: str, max_tokens: int, logit_bi
             child.wait()
 
 
-def measure_interleaved(contenders: list[Contender], prompt_sets: dict[int, list[str]],
-                        quiet_wait_s: float) -> dict[int, dict[str, dict[str, Any]]]:
-    """Each N on every contender in turn, the order rotating with N; before each run the
-    machine (idle contenders included) must be quiet, and other load is metered."""
-    results: dict[int, dict[str, dict[str, Any]]] = {}
-    for index, (n, prompts) in enumerate(prompt_sets.items()):
-        results[n] = {}
-        for contender in contenders[index % len(contenders):] + contenders[:index % len(contenders)]:
-            wait_for_quiet(quiet_wait_s, mine=())  # also lets every contender settle after the last run
-            meter = CpuMeter(contender.pids)
-            try:
-                summary = contender.run(prompts)
-            except Exception as exc:  # keep the other figures; say what failed
-                log("%s N=%d failed: %s", contender.name, n, exc)
-                results[n][contender.name] = {"error": f"{type(exc).__name__}: {exc}"}
-                continue
-            results[n][contender.name] = {**summary, "other_cpu_cores": meter.other_cores()}
-            log("%s N=%d: %s", contender.name, n, _brief(results[n][contender.name]))
-    return results
+def measure_interleaved(contenders: list[Contender], prompt_sets: list[dict[int, list[str]]],
+                        quiet_wait_s: float) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    """Every repeat, each N on every contender in turn, the order rotating; before each
+    run the machine (idle contenders included) must be quiet, and other load is metered."""
+    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    turn = 0
+    for repeat, sets in enumerate(prompt_sets):
+        for n, prompts in sets.items():
+            first = turn % len(contenders)
+            turn += 1
+            for contender in contenders[first:] + contenders[:first]:
+                wait_for_quiet(quiet_wait_s, mine=())  # also lets every contender settle after the last run
+                meter = CpuMeter(contender.pids)
+                try:
+                    summary = {**contender.run(prompts), "other_cpu_cores": meter.other_cores()}
+                except Exception as exc:  # keep the other figures; say what failed
+                    log("%s N=%d failed: %s", contender.name, n, exc)
+                    summary = {"error": f"{type(exc).__name__}: {exc}"}
+                else:
+                    log("%s N=%d (repeat %d): %s", contender.name, n, repeat + 1, _brief(summary))
+                runs.setdefault(n, {}).setdefault(contender.name, []).append(summary)
+    return runs
+
+
+def median_of_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One contender at one N over its repeats: the median of every figure (each taken
+    on its own), the fewest tokens any request got, and each repeat's headline figures."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[-1]
+    merged: dict[str, Any] = {}
+    for key, value in good[0].items():
+        values = [r.get(key) for r in good]
+        if key == "min_completion_tokens":
+            merged[key] = min(values)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[key] = round(statistics.median(values), 3)
+        elif key == "finish_reasons":
+            merged[key] = sorted({reason for v in values for reason in v})
+        else:
+            merged[key] = value
+    merged["repeats"] = [{k: r.get(k) for k in ("aggregate_tok_s", "ttft_p50_s", "stream_decode_tok_s_mean", "error")
+                          if k in r} for r in runs]
+    return merged
 
 
 def _brief(summary: dict[str, Any]) -> str:
@@ -272,17 +305,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-wait-s", type=float, default=30.0,
                         help="before each measurement, wait up to this long for other processes "
                              "to leave the CPUs idle (default 30; the load seen is reported)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="measure every N this many times, on fresh prompts, and report medians (default 3)")
     parser.add_argument("--skip-peer", action="store_true", help="do not run mlx_lm.server")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     args = parser.parse_args(argv)
     ns = [int(n) for n in args.ns.split(",") if n.strip()]
     if not ns or min(ns) < 1 or len(set(ns)) != len(ns):
         parser.error(f"--ns must list distinct positive counts, got {args.ns!r}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
 
     started = time.perf_counter()
     env = environment()
     model_dir = prepare_fp32_model()
-    prompt_sets, prompt_lengths, warmup = make_prompt_sets(ns, args.prompt_tokens, model_dir)
+    prompt_sets, prompt_lengths, warmup = make_prompt_sets(ns, args.prompt_tokens, model_dir, args.repeats)
     stop_ids = eos_token_ids(model_dir)
     logit_bias = {str(t): EOS_BIAS for t in stop_ids}
     log("model %s; %d prompts of %d-%d tokens; EOS ids %s biased by %s", model_dir, len(prompt_lengths),
@@ -317,11 +354,13 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:
                 log("peer failed: %s", exc)
                 errors["peer"] = str(exc)
-        results = measure_interleaved(contenders, prompt_sets, args.quiet_wait_s)
-    for n, per_n in results.items():
-        for name, run in per_n.items():
-            if "error" in run:
-                errors[f"{name} N={n}"] = run["error"]
+        runs = measure_interleaved(contenders, prompt_sets, args.quiet_wait_s)
+    results = {n: {name: median_of_runs(per_name) for name, per_name in per_n.items()} for n, per_n in runs.items()}
+    for n, per_n in runs.items():
+        for name, per_name in per_n.items():
+            for repeat, run in enumerate(per_name):
+                if "error" in run:
+                    errors[f"{name} N={n} repeat {repeat + 1}"] = run["error"]
     full_length = all(run.get("min_completion_tokens") == args.max_tokens
                       for per_n in results.values() for run in per_n.values() if "error" not in run)
     if not full_length:
@@ -332,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         **headline(results),
         "all_requests_generated_max_tokens": full_length,
         "config": {
-            "ns": ns, "max_tokens": args.max_tokens, "prompt_tokens_target": args.prompt_tokens,
+            "ns": ns, "repeats": args.repeats, "max_tokens": args.max_tokens, "prompt_tokens_target": args.prompt_tokens,
             "prompt_tokens": {"min": min(prompt_lengths), "max": max(prompt_lengths),
                               "mean": round(sum(prompt_lengths) / len(prompt_lengths), 1)},
             "max_num_seqs": args.max_num_seqs, "prefill_chunk_tokens": args.prefill_chunk_tokens,
