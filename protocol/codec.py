@@ -23,10 +23,11 @@ Buffer = bytes | bytearray | memoryview
 
 
 def _to_plain(value: Any) -> Any:
-    if isinstance(value, Message):  # tagged, so a message nested in another can be rebuilt
-        return {"type": value.type, **{f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        plain = {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Message):  # tagged, so a message nested in another can be rebuilt
+            plain["type"] = value.type
+        return plain
     if isinstance(value, (list, tuple)):
         return [_to_plain(v) for v in value]
     if isinstance(value, dict):
@@ -57,8 +58,7 @@ def _from_plain(cls: type, data: dict[str, Any]) -> Any:
 
 def encode(message: Message, frames: Sequence[Buffer] = ()) -> list[Buffer]:
     """Message (+ tensor buffers) -> the list of ZMQ frames to send."""
-    body = _to_plain(message)
-    body["type"] = message.type
+    body = _to_plain(message)  # carries its `type` tag
     body["num_frames"] = len(frames)
     return [msgpack.packb(body, use_bin_type=True), *frames]
 

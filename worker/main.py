@@ -96,10 +96,12 @@ class _Channel:
 
     def flush(self) -> None:
         """Inside `batched`: send what is held now, as one message, and go on holding."""
-        held, self._held = self._held, None
-        if held:
-            self.send(held[0] if len(held) == 1 else EventBatch(held))
-        self._held = [] if held is not None else None
+        held = self._held
+        if not held:
+            return
+        self._held = None  # so that send() sends
+        self.send(held[0] if len(held) == 1 else EventBatch(held))
+        self._held = []
 
     def receive(self, timeout_ms: int) -> Message | None:
         if not self.socket.poll(timeout_ms):
