@@ -12,19 +12,21 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import zmq
 
 from kvstore.config import KVStoreConfig
 from kvstore.store import KVStore
+from protocol import log_format
 from protocol.block_keys import KEY_BYTES
 from protocol.codec import Buffer, decode, encode
 from protocol.errors import ProtocolError
+from protocol.locks import FileLock, LockHeld, try_lock
 from protocol.messages import (
     KVClear,
     KVClearResult,
@@ -46,14 +48,8 @@ log = logging.getLogger(__name__)
 _POLL_MS = 200
 _REPLIES_ADDRESS = "inproc://kvstore-writer-replies"
 _IDLE_SYNC_S = 2.0  # fsync this long after the last write, when no more are queued
-
-
-def _configure_logging() -> None:
-    logging.basicConfig(
-        level=os.environ.get("MLXD_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s kvstore %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+_LOCK_WAIT_S = 5.0  # how long a predecessor on the same root gets to finish exiting
+ROOT_LOCK = "kvstore.lock"  # in the root; held by the kvstore serving it
 
 
 class _Flags:
@@ -256,7 +252,8 @@ def _keys(keys: list[bytes]) -> list[bytes]:
 def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
     """Entry point of `python -m kvstore`; returns the process exit code. It exits when
     `parent_pid` (default: the current parent) is no longer its parent."""
-    _configure_logging()
+    log_format.configure_logging(os.environ.get("MLXD_LOG_LEVEL", "INFO"), "kvstore")
+    os.umask(0o077)  # the segments hold users' prompts
     parent_pid = parent_pid or os.getppid()
     flags = _Flags()
     # Background work: writes are write-behind and reads are rare, so on a machine with
@@ -270,6 +267,42 @@ def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    try:
+        root_lock = _lock_root(config.root, flags)
+    except OSError as exc:
+        log.error("cannot open the store at %s: %s (check --root)", config.root, exc)
+        return 2
+    if root_lock is None:
+        return 2
+    with root_lock:
+        return _run(config, parent_pid, flags)
+
+
+def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
+    """Lock the store's directory for this process's life, or None if another kvstore
+    keeps it: two processes appending to one index and its segments corrupt both.
+
+    A kvstore whose router just died may still be writing its last blocks; the lock is
+    waited for briefly, so a service restarted at once gets its cache back."""
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    waiting_logged = False
+    while True:
+        try:
+            return try_lock(root / ROOT_LOCK)
+        except LockHeld as exc:
+            holder = f"pid {exc.pid}" if exc.pid else "unknown pid"
+            if time.monotonic() > deadline or flags.stop_requested:
+                log.error("another kvstore (%s) is using %s; not starting a second one on it "
+                          "(give each service its own cold_cache_dir)", holder, root)
+                return None
+            if not waiting_logged:
+                log.info("waiting for the kvstore (%s) still using %s to exit", holder, root)
+                waiting_logged = True
+            time.sleep(0.1)
+
+
+def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags) -> int:
     try:
         store = KVStore(
             config.root,

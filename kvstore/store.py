@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,20 @@ from kvstore.segments import (
 log = logging.getLogger(__name__)
 
 COMPRESSIONS = ("lz4", "none")
+
+
+def make_private(root: Path) -> None:
+    """Modes 0700 on `root` and the directories under it, 0600 on its files: the blocks
+    hold users' prompts, and a store made by an older version was world-readable.
+    Symlinks are left alone (chmod would change what they point to)."""
+    root.chmod(0o700)
+    for directory, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(directory, name)
+            mode = os.lstat(path).st_mode
+            private = 0o700 if stat.S_ISDIR(mode) else 0o600
+            if (stat.S_ISDIR(mode) or stat.S_ISREG(mode)) and stat.S_IMODE(mode) != private:
+                os.chmod(path, private)
 
 
 @dataclass
@@ -86,7 +101,8 @@ class KVStore:
         self._namespace_caps = dict(namespace_caps or {})
         self._lock = threading.RLock()
         self._segments_dir = self.root / "segments"
-        self._segments_dir.mkdir(parents=True, exist_ok=True)
+        self._segments_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private(self.root)
         self.counters = StoreCounters()
         self._closed = False
         with self._lock:

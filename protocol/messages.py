@@ -84,6 +84,8 @@ class Ready(Message):
     eos_token_ids: list[int] = field(default_factory=list)
     hot_cache_bytes: int = 0
     attention: str = "mlx"  # what runs attention: "mlx" or mlxd's CPU kernels
+    vocab_size: int = 0  # token ids must be below it (logit_bias, prompt ids): checked in the router
+    max_token_chars: int = 0  # longest token's text: prompts over context_length * this cannot fit
 
 
 @dataclass

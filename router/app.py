@@ -1,5 +1,5 @@
-"""The Starlette application: routes, error handlers, API-key check, and a lifespan that
-starts and stops the worker pool."""
+"""The Starlette application: routes, error handlers, the web guard and API-key check, and
+a lifespan that starts and stops the worker pool."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from starlette.routing import Route
 
 from router import admin, openai_api
 from router.auth import APIKeyMiddleware
+from router.body_limit import BodyLimitMiddleware
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
 from router.pool import WorkerPool
+from router.web_guard import web_middleware
 
 
 def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
@@ -45,10 +47,12 @@ def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
     ]
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(APIKeyMiddleware, api_key=config.api_key)],
+        # outermost first: what a web page may send is settled before the body is read or the key checked
+        middleware=[*web_middleware(config),
+                    Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
+                    Middleware(APIKeyMiddleware, api_key=config.api_key)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
-        max_body_size=config.max_body_bytes,
     )
     app.state.config = config
     app.state.pool = pool

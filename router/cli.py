@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import importlib.metadata
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -19,10 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from protocol import log_format
 from protocol.errors import RequestError
+from protocol.locks import FileLock, LockHeld, try_lock
 from router.config import TABLES, ConfigError, RouterConfig, flag_name, setting_types
 from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
 from router.config_file import load_config, render_toml
+from router.kvstore_supervisor import KVStoreStartupError
 from router.model_files import ModelNotFound, gguf_command, resolve_model
 from router.pool import WorkerPool
 from router.server import make_server
@@ -31,6 +35,7 @@ from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
 logger = logging.getLogger(__name__)
 
 CONVERT_DTYPES = ("native", "float32", "float16", "bfloat16")
+HOME_LOCK = "mlxd.lock"  # in the home; held by the serving router, names its PID
 
 
 def version() -> str:
@@ -46,7 +51,8 @@ def _metavar(key: str, kind: type) -> str:
     if kind is float:
         return "SECONDS" if key.endswith("_s") else "X"
     return {"api_key": "KEY", "home": "DIR", "model_dir": "DIR", "model": "MODEL", "config": "PATH",
-            "pin": "NAME", "cold_cache_dir": "DIR"}.get(key, key.upper())
+            "pin": "NAME", "cold_cache_dir": "DIR", "allowed_hosts": "NAME",
+            "cors_origins": "ORIGIN"}.get(key, key.upper())
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
@@ -140,8 +146,24 @@ def describe_config_error(exc: ConfigError) -> str:
 def configure_logging(level: str) -> None:
     """Once per process; the role (`router`) is on every line, uvicorn's included.
     Worker output arrives already formatted by the worker, prefixed by its identity."""
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s router %(name)s: %(message)s",
-                        stream=sys.stderr)
+    log_format.configure_logging(level, "router")
+
+
+def claim_home(home: Path) -> FileLock | None:
+    """Make `home` private and lock it for this process's life; None (after saying why
+    on stderr) if another mlxd serves it: two kvstores on one cache corrupt it.
+
+    The home holds users' prompts (the SSD cache), hence 0700, also for a home an
+    older version made world-readable."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.chmod(0o700)
+    try:
+        return try_lock(home / HOME_LOCK)
+    except LockHeld as exc:
+        holder = f"another mlxd (pid {exc.pid})" if exc.pid else "another mlxd"
+        print(f"mlxd: {holder} is already serving home {home}; stop it first or use --home",
+              file=sys.stderr)
+        return None
 
 
 def _listen_socket(host: str, port: int) -> socket.socket:
@@ -187,7 +209,7 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
             return 130
         try:
             starting.result()
-        except (WorkerStartupError, RequestError) as exc:
+        except (WorkerStartupError, KVStoreStartupError, RequestError) as exc:
             print(f"mlxd: {exc}", file=sys.stderr)
             return 1
         server = make_server(config, pool)
@@ -208,14 +230,23 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
 
 def serve(config: RouterConfig) -> int:
     configure_logging(config.log_level)
-    if config.config is not None:
-        logger.info("settings from %s (then flags)", config.config)
+    os.umask(0o077)  # before anything is written; the worker and kvstore inherit it
     try:
-        model_id, path = resolve_model(config)
-    except ModelNotFound as exc:
-        print(f"mlxd: {exc}", file=sys.stderr)
+        home_lock = claim_home(config.home)
+    except OSError as exc:
+        print(f"mlxd: cannot use home {config.home}: {exc.strerror or exc} (check --home)", file=sys.stderr)
         return 1
-    return asyncio.run(run_router(config, {model_id: path}))
+    if home_lock is None:
+        return 1
+    with home_lock:
+        if config.config is not None:
+            logger.info("settings from %s (then flags)", config.config)
+        try:
+            model_id, path = resolve_model(config)
+        except ModelNotFound as exc:
+            print(f"mlxd: {exc}", file=sys.stderr)
+            return 1
+        return asyncio.run(run_router(config, {model_id: path}))
 
 
 def convert(src: str, dest: str, dtype: str | None) -> int:

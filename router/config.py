@@ -15,6 +15,7 @@ import functools
 import ipaddress
 import math
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -194,7 +195,19 @@ class RouterConfig:
         "seconds of silence on a stream before an SSE comment is sent, so clients don't time out during "
         "a long prefill",
     )
-    max_body_bytes: int = _setting(64 << 20, "largest request body accepted (413 above it)")
+    max_body_bytes: int = _setting(
+        8 << 20,
+        "largest request body accepted (413 above it); 8 MiB holds a 1M-token conversation's text, and a "
+        "bigger body only costs memory and time",
+    )
+    allowed_hosts: tuple[str, ...] = _setting(
+        (), "Host names accepted without an API key besides loopback names and --host (a DNS-rebinding guard); "
+        "'*' accepts any; repeat the flag for more", repeatable=True
+    )
+    cors_origins: tuple[str, ...] = _setting(
+        (), "web page origins (scheme://host[:port]) allowed to call the API from a browser, answered with CORS "
+        "headers; '*' for any; repeat the flag for more", repeatable=True
+    )
     # --- models
     home: Path = field(
         default_factory=default_home,
@@ -260,6 +273,11 @@ class RouterConfig:
         60.0,
         "a worker silent this long is hung and gets killed; long, because one big prefill chunk blocks "
         "its loop for seconds",
+    )
+    kvstore_ping_timeout_s: float = _setting(
+        10.0,
+        "the kvstore (pinged every heartbeat_s) silent this long is hung and gets killed and restarted; shorter "
+        "than ping_timeout_s since its loop only moves bytes, never computes, yet ample for one flooded with writes",
     )
     load_timeout_s: float = _setting(600.0, "longest a worker may take from spawn to READY (loading weights)")
     restart_backoff_s: float = _setting(
@@ -349,6 +367,9 @@ def _check(config: RouterConfig) -> None:
         raise ConfigError("port", f"must be between 1 and 65535, got {config.port}")
     if config.ping_timeout_s <= config.heartbeat_s:
         raise ConfigError("ping_timeout_s", f"must exceed heartbeat_s ({config.heartbeat_s}), got {config.ping_timeout_s}")
+    if config.kvstore_ping_timeout_s <= config.heartbeat_s:
+        raise ConfigError("kvstore_ping_timeout_s",
+                          f"must exceed heartbeat_s ({config.heartbeat_s}), got {config.kvstore_ping_timeout_s}")
     for f in dataclasses.fields(config):
         choices = f.metadata.get("choices")
         if choices and getattr(config, f.name) not in choices:
@@ -363,6 +384,7 @@ def _check(config: RouterConfig) -> None:
         )
     for name in config.pin:
         _check_model_name("pin", name)
+    _check_web(config)
     _check_models(config)
     for name, profile in config.profiles.items():
         _check_profile(name, profile)
@@ -375,6 +397,22 @@ def _check_model_name(key: str, name: str) -> None:
     if ":" in name:
         model = name.partition(":")[0]
         raise ConfigError(key, f"{name!r} is not a model name (':' starts a profile name); use {model!r}")
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s]+", re.IGNORECASE)
+
+
+def _check_web(config: RouterConfig) -> None:
+    """Hosts are bare names and origins are what browsers send (no path, no trailing slash):
+    anything else would never match a request, and the user would not learn why."""
+    for name in config.allowed_hosts:
+        if not name or any(char in name for char in "/@ \t") or name.count(":") == 1:
+            raise ConfigError("allowed_hosts", f"{name!r} is not a host name: give the name alone, "
+                              "without scheme, port or path (e.g. mybox.local)")
+    for origin in config.cors_origins:
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise ConfigError("cors_origins", f"{origin!r} is not an origin: write scheme://host[:port] "
+                              "with no path or trailing slash (e.g. http://localhost:3000)")
 
 
 def _check_models(config: RouterConfig) -> None:

@@ -29,11 +29,20 @@ _HTTP_ERROR_TYPES = {
 }
 
 
+def _printable(text: str | None) -> str | None:
+    """`text` as valid Unicode: a message may quote what a client sent (a model name from
+    the URL), and a lone surrogate there would make the error itself unrenderable."""
+    if text is None or text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(
     message: str, error_type: str, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     """The OpenAI error object (also what an SSE stream sends before it closes)."""
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+    return {"error": {"message": _printable(message), "type": error_type, "param": _printable(param),
+                      "code": code}}
 
 
 def request_error_body(error: RequestError) -> dict[str, Any]:

@@ -31,7 +31,14 @@ from router.openai_format import (
 )
 from router.pool import WorkerPool
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
-from router.validation import ParsedRequest, parse_chat_request, parse_completion_request, parse_json_body
+from router.validation import (
+    ParsedRequest,
+    check_against_model,
+    parse_chat_request,
+    parse_completion_request,
+    parse_json_body,
+)
+from router.web_guard import holds_key, states_only
 from router.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
@@ -62,9 +69,15 @@ def _log_finish(parsed: ParsedRequest, stream: RequestStream, event: FinishEvent
 
 
 async def health(request: Request) -> Response:
-    """200 when every worker is ready, else 503 with the same body (status "degraded")."""
+    """200 when every worker is ready, else 503 with the same body (status "degraded").
+
+    Open to probes without the API key, but then only states: pids, paths and error text
+    tell an outsider about the machine and are for whoever holds the key."""
     pool = _pool(request)
-    return JSONResponse(pool.health(), status_code=200 if pool.is_healthy() else 503)
+    body = pool.health()
+    if not holds_key(request.headers, request.app.state.config.api_key):
+        body = states_only(body)
+    return JSONResponse(body, status_code=200 if pool.is_healthy() else 503)
 
 
 def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
@@ -102,12 +115,16 @@ async def completions(request: Request) -> Response:
 
 
 async def _complete(request: Request, parse: Callable[[dict[str, Any]], ParsedRequest]) -> Response:
+    # parse, resolve and validate before anything expensive: a bad body never loads a model
     body = parse_json_body(await request.body())
     name = body.get("model")
     if not isinstance(name, str) or not name:
         parse(body)  # raises the 400 naming `model`
-    supervisor, profile = await _pool(request).acquire(name)
+    _, profile = _pool(request).resolve(name)
     parsed = parse(body, profile) if profile is not None else parse(body)
+    supervisor, _ = await _pool(request).acquire(name)
+    if supervisor.ready is not None:
+        check_against_model(parsed, supervisor.ready)
     stream = supervisor.open_request(parsed.add)
     stream.model = supervisor.model_id
     stream.user_agent = request.headers.get("user-agent", "")

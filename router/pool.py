@@ -20,7 +20,8 @@ import psutil
 
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import FinishEvent
-from protocol.sockets import ipc_address, make_runtime_dir
+from protocol.locks import FileLock
+from protocol.sockets import claim_runtime_dir, ipc_address
 from router import model_registry
 from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
@@ -62,6 +63,7 @@ class WorkerPool:
         self.recent: dict[str, list[FinishEvent]] = {}
         self.states: dict[str, str] = {}  # transient states: loading / unloading
         self.runtime_dir: Path | None = None
+        self._runtime_lock: FileLock | None = None  # held for life: marks runtime_dir as in use
         self.client: WorkerClient | None = None
         self.kvstore: KVStoreSupervisor | None = None
         self.budget_bytes = config.effective_memory_budget_bytes
@@ -76,7 +78,7 @@ class WorkerPool:
         if self._started:
             return
         self._started = True
-        self.runtime_dir = make_runtime_dir()
+        self.runtime_dir, self._runtime_lock = claim_runtime_dir()
         self.client = WorkerClient(ipc_address(self.runtime_dir, "workers"))
         await self.client.start()
         try:
@@ -108,6 +110,8 @@ class WorkerPool:
             await self.client.close()
         if self.runtime_dir is not None:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
+        if self._runtime_lock is not None:
+            self._runtime_lock.release()
         logger.info("all workers stopped")
 
     async def drain(self, timeout_s: float) -> None:

@@ -6,14 +6,15 @@ requests. Unknown fields are ignored: clients send many we have no use for.
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import RequestError
-from protocol.messages import AddRequest, SamplingParams
+from protocol.messages import AddRequest, Ready, SamplingParams
+from protocol.prompt_bounds import check_prompt_fits
+from router.json_body import WIRE_INT_MAX, WIRE_INT_MIN, parse_json_body
 from router.profiles import apply_profile
 
 if TYPE_CHECKING:  # config validates profiles with this module's parse_sampling
@@ -22,7 +23,11 @@ if TYPE_CHECKING:  # config validates profiles with this module's parse_sampling
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_STOP_STRINGS = 16  # OpenAI allows 4; more is harmless for us, unbounded is not
 MAX_TOKEN_ID = 2**31 - 1
-_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+# No context window comes near it; a bound keeps every integer the worker sees in range.
+MAX_TOKENS_LIMIT = 2**31 - 1
+
+__all__ = ["ParsedRequest", "bad", "parse_chat_request", "parse_completion_request", "parse_json_body",
+           "parse_sampling"]
 
 
 @dataclass(frozen=True)
@@ -42,20 +47,6 @@ def bad(param: str | None, message: str, code: str | None = None) -> RequestErro
     return RequestError(message, status=400, param=param, code=code)
 
 
-def parse_json_body(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object; NaN/Infinity literals are refused too."""
-    def refuse_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
-    try:
-        body = json.loads(raw, parse_constant=refuse_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad(None, f"could not parse the request body as JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -65,25 +56,33 @@ def _number(body: dict[str, Any], name: str, default: float, low: float, high: f
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise bad(name, f"'{name}' must be a number, got {value!r}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise bad(name, f"'{name}' must be a number, got {_short(value)}")
     if value < low or (low_open and value == low) or value > high:
         lower = f"> {low}" if low_open else f">= {low}"
         upper = "" if high == math.inf else f" and <= {high}"
-        raise bad(name, f"'{name}' must be {lower}{upper}, got {value!r}")
+        raise bad(name, f"'{name}' must be {lower}{upper}, got {_short(value)}")
     return float(value)
 
 
-def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None) -> int | None:
+def _integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    """An optional integer field in [low, high]: every integer gets both bounds, so none
+    can overflow a fixed-width field further on."""
     value = body.get(name)
     if value is None:
         return None
     if not _is_int(value):
-        raise bad(name, f"'{name}' must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        upper = "" if high is None else f" and <= {high}"
-        raise bad(name, f"'{name}' must be >= {low}{upper}, got {value}")
+        raise bad(name, f"'{name}' must be an integer, got {_short(value)}")
+    if not low <= value <= high:
+        raise bad(name, f"'{name}' must be >= {low} and <= {high}, got {_short(value)}")
     return value
+
+
+def _short(value: Any) -> str:
+    """A value for an error message, cut short: the message must stay readable."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _optional_str(body: dict[str, Any], name: str) -> str | None:
@@ -98,7 +97,7 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad(name, f"'{name}' must be true or false, got {value!r}")
+        raise bad(name, f"'{name}' must be true or false, got {_short(value)}")
     return value
 
 
@@ -126,27 +125,27 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float]:
         try:
             token_id = int(key)
         except (TypeError, ValueError):
-            raise bad("logit_bias", f"'logit_bias' keys must be token ids, got {key!r}") from None
+            raise bad("logit_bias", f"'logit_bias' keys must be token ids, got {_short(key)}") from None
         if not 0 <= token_id <= MAX_TOKEN_ID:
-            raise bad("logit_bias", f"'logit_bias' token id out of range: {key!r}")
+            raise bad("logit_bias", f"'logit_bias' token id out of range: {_short(key)}")
         if not isinstance(amount, (int, float)) or isinstance(amount, bool) or not -100 <= amount <= 100:
-            raise bad("logit_bias", f"'logit_bias' values must be numbers in [-100, 100], got {amount!r}")
+            raise bad("logit_bias", f"'logit_bias' values must be numbers in [-100, 100], got {_short(amount)}")
         bias[token_id] = float(amount)
     return bias
 
 
 def parse_sampling(body: dict[str, Any]) -> SamplingParams:
     """The sampling fields shared by chat and text completions."""
-    max_tokens = _integer(body, "max_tokens", 1)
-    max_completion_tokens = _integer(body, "max_completion_tokens", 1)
-    top_k = _integer(body, "top_k", -1)
+    max_tokens = _integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    max_completion_tokens = _integer(body, "max_completion_tokens", 1, MAX_TOKENS_LIMIT)
+    top_k = _integer(body, "top_k", -1, MAX_TOKEN_ID)
     return SamplingParams(
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=max(top_k or 0, 0),  # -1 (vLLM's "off") and 0 both disable it
         min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        seed=_integer(body, "seed", _INT64_MIN, _UINT64_MAX),
+        seed=_integer(body, "seed", WIRE_INT_MIN, WIRE_INT_MAX),
         stop=_stop(body),
         repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, math.inf, low_open=True),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -162,7 +161,7 @@ def _common(body: dict[str, Any]) -> tuple[str, bool, bool]:
         raise bad("model", "'model' is required and must be a string")
     n = body.get("n")
     if n is not None and (not _is_int(n) or n != 1):
-        raise bad("n", f"'n' must be 1 (one choice per request is supported), got {n!r}")
+        raise bad("n", f"'n' must be 1 (one choice per request is supported), got {_short(n)}")
     if body.get("logprobs") not in (None, False, 0):
         raise bad("logprobs", "'logprobs' is not supported yet")
     _optional_str(body, "user")
@@ -208,9 +207,29 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         role = message.get("role")
         if role not in MESSAGE_ROLES:
             raise bad("messages", f"'messages[{i}].role' must be one of {', '.join(MESSAGE_ROLES)}, "
-                      f"got {role!r}")
-        # other keys (name, tool_calls, tool_call_id) are for the chat template: pass them on
-        out.append({**message, "content": _content_text(message.get("content"), f"messages[{i}].content")})
+                      f"got {_short(role)}")
+        out.append(_template_message(message, i))
+    return out
+
+
+def _template_message(message: dict[str, Any], i: int) -> dict[str, Any]:
+    """The keys of one message that chat templates read (role, content, name, tool_calls,
+    tool_call_id, reasoning_content, thinking), type-checked; whatever else a client sends
+    stays in the router, so nothing unchecked reaches the worker."""
+    out: dict[str, Any] = {"role": message["role"],
+                           "content": _content_text(message.get("content"), f"messages[{i}].content")}
+    for key in ("name", "tool_call_id", "reasoning_content", "thinking"):
+        value = message.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise bad("messages", f"'messages[{i}].{key}' must be a string, got {type(value).__name__}")
+        out[key] = value
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list) or not all(isinstance(c, dict) for c in tool_calls):
+            raise bad("messages", f"'messages[{i}].tool_calls' must be a list of objects")
+        out["tool_calls"] = tool_calls
     return out
 
 
@@ -295,7 +314,7 @@ def parse_completion_request(body: dict[str, Any], profile: Profile | None = Non
         raise bad("echo", "'echo' is not supported yet")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
-        raise bad("best_of", f"'best_of' must be 1, got {best_of!r}")
+        raise bad("best_of", f"'best_of' must be 1, got {_short(best_of)}")
     add = AddRequest(
         request_id=f"cmpl-{uuid.uuid4().hex}",
         prompt=_prompt(body),
@@ -305,3 +324,22 @@ def parse_completion_request(body: dict[str, Any], profile: Profile | None = Non
         context_limit=limit,
     )
     return ParsedRequest("text", model, add, stream, include_usage, limit)
+
+
+def check_against_model(parsed: ParsedRequest, ready: Ready) -> None:
+    """What only the loaded model can judge, checked before the request is forwarded:
+    token ids within its vocabulary (MLX indexes logits unchecked) and a prompt that can
+    fit its context window (tokenizing a prompt that cannot fit would waste seconds)."""
+    add = parsed.add
+    vocab = ready.vocab_size
+    if vocab:
+        for token_id in add.sampling.logit_bias:
+            if token_id >= vocab:
+                raise bad("logit_bias", f"'logit_bias' token id {token_id} is not in this model's vocabulary "
+                          f"[0, {vocab})")
+        if isinstance(add.prompt, list) and max(add.prompt) >= vocab:
+            raise bad("prompt", f"'prompt' token ids must be in [0, {vocab}); got {max(add.prompt)}")
+    window = ready.context_length
+    if add.context_limit:
+        window = min(window, add.context_limit)
+    check_prompt_fits(add, window, ready.max_token_chars)

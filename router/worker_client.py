@@ -3,23 +3,27 @@
 A reader task routes each incoming event to the `RequestStream` of its request id and
 every other message (hello, ready, pong …) to the handler of the worker that sent it.
 Sends go through an outbox drained by one writer task, so any code, even a `finally`
-running under cancellation, can send without awaiting.
+running under cancellation, can send without awaiting. Messages are encoded before they
+enter the outbox, so a request the codec cannot carry fails its caller (a 400) and never
+reaches the writer; and if either task ever ends unexpectedly it is logged and restarted,
+since without them every request would hang.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 
 import zmq
 import zmq.asyncio
 
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError, WorkerDead
+from protocol.codec import Buffer, decode, encode
+from protocol.errors import ProtocolError, RequestError, WorkerDead
 from protocol.messages import (
     AbortRequest,
     AddRequest,
@@ -133,23 +137,41 @@ class WorkerClient:
         self._peers: dict[bytes, PeerHandler] = {}
         self._heard: dict[bytes, float] = {}
         self._requests: dict[str, RequestStream] = {}
-        self._outbox: asyncio.Queue[tuple[bytes, Message]] = asyncio.Queue()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._outbox: asyncio.Queue[tuple[bytes, Message, list[Buffer]]] = asyncio.Queue()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
+        self.num_task_restarts = 0
 
     async def start(self) -> None:
         self._context = zmq.asyncio.Context()
         self._socket = make_socket(self._context, zmq.ROUTER, self.address, bind=True)
         # a send to a worker that is not connected fails loudly instead of vanishing
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._tasks = [asyncio.create_task(self._read(), name="worker-client-reader"),
-                       asyncio.create_task(self._write(), name="worker-client-writer")]
+        self._closing = False
+        self._start_task("reader", self._read)
+        self._start_task("writer", self._write)
         logger.info("listening for workers at %s", self.address)
 
+    def _start_task(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        task = asyncio.ensure_future(work())
+        task.add_done_callback(functools.partial(self._task_ended, name, work))
+        self._tasks[name] = task
+
+    def _task_ended(self, name: str, work: Callable[[], Awaitable[None]], task: asyncio.Future[None]) -> None:
+        """The reader and writer must outlive every message: restart one that ended."""
+        if self._closing or task.cancelled():
+            return
+        self.num_task_restarts += 1
+        logger.error("the %s task for the worker socket ended (%r); restarting it", name, task.exception())
+        self._start_task(name, work)
+
     async def close(self) -> None:
-        for task in self._tasks:
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = {}
         if self._socket is not None:
             self._socket.close(linger=0)
         if self._context is not None:
@@ -172,8 +194,14 @@ class WorkerClient:
         return self._heard.get(identity, 0.0)
 
     def post(self, identity: bytes, message: Message) -> None:
-        """Queue `message` for `identity`; never blocks, safe under cancellation."""
-        self._outbox.put_nowait((identity, message))
+        """Queue `message` for `identity`; never blocks, safe under cancellation. The
+        router's own messages always encode; if one did not, it is logged and dropped."""
+        try:
+            parts = encode(message)
+        except Exception:
+            logger.exception("could not encode %s for worker %r; not sent", message.type, identity)
+            return
+        self._outbox.put_nowait((identity, message, parts))
 
     # ---------------------------------------------------------------- requests
 
@@ -181,9 +209,15 @@ class WorkerClient:
         """Register a stream for `add.request_id`, then send the request to the worker."""
         if add.request_id in self._requests:
             raise ValueError(f"duplicate request id {add.request_id}")
+        try:
+            parts = encode(add)
+        except Exception as exc:  # the validator's checks should make this unreachable
+            logger.warning("request %s cannot be encoded: %r", add.request_id, exc)
+            raise RequestError(f"the request holds a value that cannot be sent to the model worker ({exc})",
+                               status=400) from None
         stream = RequestStream(self, identity, add.request_id)
         self._requests[add.request_id] = stream
-        self.post(identity, add)
+        self._outbox.put_nowait((identity, add, parts))
         return stream
 
     def forget(self, stream: RequestStream) -> None:
@@ -217,6 +251,9 @@ class WorkerClient:
             except ProtocolError as exc:
                 logger.warning("dropped a bad message from %r: %s", identity, exc)
                 continue
+            except Exception:  # msgpack or a message class raising something unforeseen
+                logger.exception("dropped an undecodable message from %r", identity)
+                continue
             if identity in self._heard:
                 self._heard[identity] = time.monotonic()
             for one in message.events if isinstance(message, EventBatch) else (message,):
@@ -242,13 +279,19 @@ class WorkerClient:
     async def _write(self) -> None:
         assert self._socket is not None
         while True:
-            identity, message = await self._outbox.get()
+            identity, message, parts = await self._outbox.get()
             try:
-                await self._socket.send_multipart([identity, *encode(message)])
+                await self._socket.send_multipart([identity, *parts])
             except zmq.ZMQError as exc:
                 if exc.errno in (zmq.ETERM, zmq.ENOTSOCK):
                     return
                 logger.warning("%s to worker %r not delivered: %s", message.type, identity, exc)
-                if isinstance(message, AddRequest) and message.request_id in self._requests:
-                    self._requests[message.request_id].fail(
-                        WorkerDead(f"the worker is not reachable ({exc}); it may have just died, retry shortly"))
+                self._undelivered(message, f"the worker is not reachable ({exc}); it may have just died, "
+                                           "retry shortly")
+            except Exception as exc:  # one message must never end the writer
+                logger.exception("%s to worker %r not delivered", message.type, identity)
+                self._undelivered(message, f"the request could not be sent to the worker ({exc!r})")
+
+    def _undelivered(self, message: Message, reason: str) -> None:
+        if isinstance(message, AddRequest) and message.request_id in self._requests:
+            self._requests[message.request_id].fail(WorkerDead(reason))

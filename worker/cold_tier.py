@@ -1,9 +1,12 @@
 """The worker's client of the kvstore (SSD cold tier).
 
 Reads are one streamed get for a run of blocks (the kvstore sends each block as it reads
-it; the worker decodes while the next arrives), with a deadline: a slow or dead kvstore is a miss, never a failed request. Writes
-are write-behind on a thread with its own socket: the engine hands blocks over and goes
-on decoding; when the hand-over queue is full the block is dropped and counted.
+it; the worker decodes while the next arrives), with a deadline: a slow or dead kvstore is
+a miss, never a failed request, and after a missed deadline reads are skipped for a
+back-off period, so a hung kvstore stalls the engine loop once, not once per prompt.
+Writes are write-behind on a thread with its own socket: the engine hands blocks over and
+goes on decoding; when the hand-over queue or the socket is full the block is dropped and
+counted.
 """
 
 from __future__ import annotations
@@ -30,8 +33,20 @@ from worker.kv_blocks import BlockPayload
 
 log = logging.getLogger(__name__)
 
-_READ_TIMEOUT_MS = 3000
 _QUEUE_BLOCKS = 256
+# Encoded blocks the writer's socket holds for the kvstore; past it puts are dropped. ZeroMQ's
+# default (1000 messages) would let a hung kvstore pile up gigabytes of copies in the worker.
+_SOCKET_BLOCKS = 32
+_FLUSH_ANSWER_S = 10.0  # a flush waits this long for the kvstore's fsync before giving up
+
+
+class _Flush:
+    """A flush in the write queue: `done` is set once it is over, `ok` if the kvstore
+    confirmed that every put before it is on disk."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
 
 
 @dataclass
@@ -43,20 +58,35 @@ class ColdTierStats:
     dropped_blocks: int = 0
     corrupt_blocks: int = 0
     read_timeouts: int = 0
+    skipped_fetches: int = 0  # fetch_run calls answered [] at once during a read back-off
 
 
 class ColdTier:
-    """Lookup/fetch/store of blocks for one model namespace in the shared kvstore."""
+    """Lookup/fetch/store of blocks for one model namespace in the shared kvstore.
 
-    def __init__(self, address: str, namespace: str) -> None:
+    Reads run on the engine loop, so each one that times out stalls every sequence for
+    `read_timeout_s`. After a timeout, reads are skipped for `backoff_s`, doubled per
+    consecutive timeout up to `backoff_max_s`; the first read that is answered ends the
+    back-off. (The router kills and restarts a hung kvstore; this keeps the engine moving
+    until then, and through a kvstore that stays slow.)
+    """
+
+    def __init__(self, address: str, namespace: str, read_timeout_s: float = 3.0,
+                 backoff_s: float = 5.0, backoff_max_s: float = 60.0) -> None:
         self.address = address
         self.namespace = namespace
+        self.read_timeout_s = read_timeout_s
+        self.backoff_s = backoff_s
+        self.backoff_max_s = backoff_max_s
         self.stats = ColdTierStats()
+        self._num_timeouts = 0  # consecutive; 0 once a read is answered
+        self._skip_until = 0.0  # time.monotonic() before which reads are skipped
         self._context = zmq.Context.instance()
         self._socket = self._connect()
         self._ids = itertools.count(1)
-        # (key, payload) to write, a threading.Event to flush and signal, None to stop
-        self._queue: queue.Queue[tuple[BlockKey, BlockPayload] | threading.Event | None] = queue.Queue(_QUEUE_BLOCKS)
+        # (key, payload) to write, a _Flush to flush and signal, None to stop
+        self._queue: queue.Queue[tuple[BlockKey, BlockPayload] | _Flush | None] = queue.Queue(_QUEUE_BLOCKS)
+        self._abandoned = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="cold-tier-writer", daemon=True)
         self._writer.start()
 
@@ -72,11 +102,14 @@ class ColdTier:
         each block is decoded here while the next is still being read and sent."""
         if not keys:
             return []
+        if time.monotonic() < self._skip_until:
+            self.stats.skipped_fetches += 1
+            return []
         started = time.perf_counter()
         request_id = next(self._ids)
         self._socket.send_multipart(encode(KVGet(request_id, self.namespace, list(keys), stream=True)))
         run: list[BlockPayload] = []
-        deadline = time.monotonic() + _READ_TIMEOUT_MS / 1000
+        deadline = time.monotonic() + self.read_timeout_s
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._socket.poll(int(left * 1000) + 1):
@@ -89,6 +122,7 @@ class ColdTier:
                 continue
             if not isinstance(answer, KVGetResult) or answer.request_id != request_id:
                 continue  # a late answer to an earlier, abandoned request
+            self._answered()
             if answer.found and answer.found[0] and frames and len(run) == answer.seq:
                 buffer = frames[0].buffer
                 try:
@@ -101,7 +135,7 @@ class ColdTier:
                     break
             if answer.done:
                 break
-            deadline = time.monotonic() + _READ_TIMEOUT_MS / 1000  # per block, not per run
+            deadline = time.monotonic() + self.read_timeout_s  # per block, not per run
         self.stats.fetched_blocks += len(run)
         self.stats.fetch_s += time.perf_counter() - started
         return run
@@ -114,10 +148,21 @@ class ColdTier:
                 done = isinstance(answer, KVGetResult) and answer.request_id == request_id and answer.done
 
     def _timed_out(self) -> None:
+        """Start (or lengthen) the read back-off, and drop the socket with any late answer."""
         self.stats.read_timeouts += 1
-        log.warning("kvstore did not answer within %d ms; treating it as a miss", _READ_TIMEOUT_MS)
+        skip_s = min(self.backoff_s * 2**self._num_timeouts, self.backoff_max_s)
+        self._num_timeouts += 1
+        self._skip_until = time.monotonic() + skip_s
+        log.warning("kvstore did not answer within %.1f s (%d times in a row); skipping SSD reads for %.1f s",
+                    self.read_timeout_s, self._num_timeouts, skip_s)
         self._socket.close(linger=0)  # drop any late answer with the socket
         self._socket = self._connect()
+
+    def _answered(self) -> None:
+        """The kvstore answers: end the back-off (its length starts over at the next timeout)."""
+        if self._num_timeouts:
+            log.info("kvstore answers again; SSD reads resume (%d skipped so far)", self.stats.skipped_fetches)
+        self._num_timeouts = 0
 
     # ------------------------------------------------------------ writes
 
@@ -134,14 +179,15 @@ class ColdTier:
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         socket = make_socket(self._context, zmq.DEALER, self.address, bind=False)
+        socket.setsockopt(zmq.SNDHWM, _SOCKET_BLOCKS)
         try:
             while True:
                 item = self._queue.get()
-                if item is None:
+                if item is None or self._abandoned.is_set():
                     return
-                if isinstance(item, threading.Event):
-                    self._flush_on(socket)
-                    item.set()
+                if isinstance(item, _Flush):
+                    item.ok = self._flush_on(socket)
+                    item.done.set()
                     continue
                 key, payload = item
                 try:
@@ -154,29 +200,58 @@ class ColdTier:
                 except zmq.Again:
                     self.stats.dropped_blocks += 1
         finally:
-            socket.close(linger=2000)
+            socket.close(linger=0 if self._abandoned.is_set() else 2000)
 
-    def _flush_on(self, socket: zmq.Socket) -> None:
+    def _flush_on(self, socket: zmq.Socket) -> bool:
         """KVFlush on the writer's own socket: the kvstore answers once every put sent
-        before it on this connection is on disk."""
+        before it on this connection is on disk. Takes at most _FLUSH_ANSWER_S: a hung
+        kvstore leaves the socket full, so even this send must not block."""
         request_id = next(self._ids)
-        socket.send_multipart(encode(KVFlush(request_id)))
-        deadline = time.monotonic() + 10.0
+        try:
+            socket.send_multipart(encode(KVFlush(request_id)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("kvstore is not taking writes (its socket is full); blocks still queued there are lost")
+            return False
+        deadline = time.monotonic() + _FLUSH_ANSWER_S
         while (left := deadline - time.monotonic()) > 0 and socket.poll(int(left * 1000) + 1):
-            with_answer, _ = decode(socket.recv_multipart())
-            if isinstance(with_answer, KVFlushResult) and with_answer.request_id == request_id:
-                return
-        log.warning("kvstore did not confirm the flush")
+            with contextlib.suppress(ProtocolError):
+                answer, _ = decode(socket.recv_multipart())
+                if isinstance(answer, KVFlushResult) and answer.request_id == request_id:
+                    return True
+        log.warning("kvstore did not confirm the flush within %.0f s", _FLUSH_ANSWER_S)
+        return False
 
     def flush(self, timeout_s: float = 15.0) -> bool:
-        """Wait until every block handed over so far is written (graceful shutdown)."""
-        done = threading.Event()
-        self._queue.put(done, timeout=timeout_s)
-        return done.wait(timeout_s)
+        """Wait at most `timeout_s` until every block handed over so far is on disk
+        (graceful shutdown); False if the kvstore did not confirm that in time."""
+        deadline = time.monotonic() + timeout_s
+        request = _Flush()
+        try:
+            self._queue.put(request, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return request.done.wait(max(0.0, deadline - time.monotonic())) and request.ok
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Stop the writer (it sends what is queued first) and close the read socket. Waits
+        at most a few seconds: a writer stuck behind a hung kvstore is left to die with the
+        process (it is a daemon thread)."""
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=5)
         self._writer.join(timeout=5)
+        self._socket.close(linger=0)
+
+    def abandon(self, timeout_s: float = 0.5) -> None:
+        """Stop without writing what is still queued (dropped and counted), waiting at
+        most `timeout_s`: for a worker whose router, and so its kvstore, is gone."""
+        self._abandoned.set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                if isinstance(self._queue.get_nowait(), tuple):
+                    self.stats.dropped_blocks += 1
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._writer.join(timeout=timeout_s)
         self._socket.close(linger=0)
 
     def queue_depth(self) -> int:

@@ -18,6 +18,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
 from protocol.errors import RequestError
+from protocol.prompt_bounds import check_prompt_fits, context_error
 from protocol.messages import (
     AddRequest,
     ErrorEvent,
@@ -33,7 +34,7 @@ from protocol.messages import (
 from worker.detokenizer import IncrementalDetokenizer
 from worker.model_loader import LoadedModel
 from worker.prefix_cache import PrefixCache, PrefixPlan
-from worker.prompts import render_chat, render_completion
+from worker.prompts import longest_token_chars, render_chat, render_completion
 from worker.sampling import make_request_processors, make_request_sampler
 from worker.stop_strings import StopStringFilter
 
@@ -89,6 +90,8 @@ class Engine:
             else loaded.context_length
         )
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
+        self.vocab_size = self._vocab_size
+        self.max_token_chars = longest_token_chars(self._tokenizer)
         self._early_first_token = mx.default_device().type == mx.DeviceType.cpu
         self._fast_prefill_since_step = False
         self._by_uid: dict[int, Sequence] = {}
@@ -135,26 +138,57 @@ class Engine:
             **self.prefix_cache.stats(),
         }
 
-    def add(self, request: AddRequest) -> None:
-        """Tokenize, validate and enqueue; a bad request gets an ErrorEvent, never raises."""
-        arrived = time.perf_counter()  # TTFT counts tokenizing and the cache lookup too
+    def add(self, request: AddRequest, prompt_ids: list[int] | None = None, arrived: float | None = None) -> None:
+        """Validate and enqueue (tokenizing first unless `prompt_ids` are given, as the
+        worker's background tokenizer gives them); `arrived` is when the request reached
+        the worker, so TTFT counts tokenizing and the cache lookup too.
+
+        Never raises: a bad request gets an ErrorEvent, and so does one that trips over
+        anything unforeseen (a bug, MLX refusing an argument), so one request can never
+        take the worker and everyone else's streams down with it.
+        """
+        arrived = time.perf_counter() if arrived is None else arrived
         try:
-            if request.request_id in self._by_request:
-                raise RequestError(f"duplicate request id {request.request_id}")
-            limit = self._config.max_num_seqs + self._config.max_queue
-            if self.num_active >= limit:
-                raise RequestError(
-                    f"server busy: {self.num_active} requests running or queued "
-                    f"(max_num_seqs + max_queue = {limit}); retry shortly",
-                    status=503, error_type="server_busy", code="queue_full",
-                )
-            prompt_ids = self._prompt_ids(request)
-            max_tokens = self._max_tokens(request, len(prompt_ids))
-            sampler = make_request_sampler(request.sampling, self._vocab_size)
-            processors = make_request_processors(request.sampling)
+            self._admit(request, prompt_ids, arrived)
         except RequestError as exc:
+            self._discard(request.request_id)
             self._emit_error(request.request_id, exc)
-            return
+        except Exception as exc:
+            log.exception("request %s failed on admission", request.request_id)
+            self._discard(request.request_id)
+            self._emit_error(request.request_id, RequestError(
+                f"the worker could not take this request ({type(exc).__name__}: {exc})",
+                status=500, error_type="server_error"))
+
+    def reject(self, request_id: str, exc: BaseException) -> None:
+        """End a request that failed before `add` (its prompt could not be prepared)."""
+        if not isinstance(exc, RequestError):
+            log.error("request %s: preparing the prompt failed: %r", request_id, exc)
+            exc = RequestError(f"the worker could not prepare this prompt ({type(exc).__name__}: {exc})",
+                               status=500, error_type="server_error")
+        self._emit_error(request_id, exc)
+
+    def check_admissible(self, request_id: str, num_pending: int = 0) -> None:
+        """Raise the 400/503 for a duplicate id or a full queue (`num_pending` requests
+        are on their way in, still being tokenized)."""
+        if request_id in self._by_request:
+            raise RequestError(f"duplicate request id {request_id}")
+        limit = self._config.max_num_seqs + self._config.max_queue
+        if self.num_active + num_pending >= limit:
+            raise RequestError(
+                f"server busy: {self.num_active + num_pending} requests running or queued "
+                f"(max_num_seqs + max_queue = {limit}); retry shortly",
+                status=503, error_type="server_busy", code="queue_full",
+            )
+
+    def _admit(self, request: AddRequest, prompt_ids: list[int] | None, arrived: float) -> None:
+        self.check_admissible(request.request_id)
+        if prompt_ids is None:
+            prompt_ids = self.prompt_ids(request)
+        max_tokens = self._max_tokens(request, len(prompt_ids))
+        self._check_token_ids(request)
+        sampler = make_request_sampler(request.sampling, self._vocab_size)
+        processors = make_request_processors(request.sampling)
         plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
         cached = plan.cached_tokens
         if plan.ssd_blocks:
@@ -186,10 +220,8 @@ class Engine:
             except Exception as exc:  # e.g. out of memory inside MLX: this request only
                 log.exception("request %s: prefill failed", request.request_id)
                 plan.caches = None
-                self._emit_error(request.request_id, RequestError(
-                    f"generation failed: {exc}", status=500, error_type="server_error"))
                 mx.clear_cache()
-                return
+                raise RequestError(f"generation failed: {exc}", status=500, error_type="server_error") from exc
         if first_token is not None and (first_token in self.eos_token_ids or max_tokens == 1):
             # the request ends with its first token: it never joins the batch
             self.prefix_cache.capture_final(plan, plan.caches, prompt_ids)
@@ -266,7 +298,19 @@ class Engine:
         pieces += [remainder[i : i + n] for i in range(first, len(remainder), n)]
         return [p for p in pieces if p]
 
-    def _prompt_ids(self, request: AddRequest) -> list[int]:
+    def _check_token_ids(self, request: AddRequest) -> None:
+        """logit_bias ids index the logits: MLX does no bounds check there (an id past
+        the vocabulary writes out of bounds or crashes the process)."""
+        for token_id in request.sampling.logit_bias:
+            if not 0 <= int(token_id) < self._vocab_size:
+                raise RequestError(f"'logit_bias' token id {token_id} is not in this model's vocabulary "
+                                   f"[0, {self._vocab_size})", param="logit_bias")
+
+    def prompt_ids(self, request: AddRequest) -> list[int]:
+        """The request's prompt as token ids. Thread-safe (the worker calls it from its
+        tokenizer thread); a prompt whose text alone is too long for the context window
+        is refused before it is tokenized, since tokenizing megabytes takes seconds."""
+        check_prompt_fits(request, self._window(request), self.max_token_chars)
         if request.messages is not None:
             ids = render_chat(self._tokenizer, request.messages, request.tools)
         elif request.prompt is not None:
@@ -277,19 +321,16 @@ class Engine:
             raise RequestError("the prompt is empty", param="prompt")
         return ids
 
-    def _max_tokens(self, request: AddRequest, num_prompt: int) -> int:
-        window = self.context_length
+    def _window(self, request: AddRequest) -> int:
         if request.context_limit:  # a profile's own cap, never above the model's
-            window = min(window, request.context_limit)
+            return min(self.context_length, request.context_limit)
+        return self.context_length
+
+    def _max_tokens(self, request: AddRequest, num_prompt: int) -> int:
+        window = self._window(request)
         room = window - num_prompt
         if room <= 0:
-            raise RequestError(
-                f"prompt is {num_prompt} tokens, but this model's context window is "
-                f"{window} tokens (prompt + completion must fit); "
-                "shorten the prompt",
-                param="messages" if request.messages is not None else "prompt",
-                code="context_length_exceeded",
-            )
+            raise context_error(request, num_prompt, window)
         wanted = request.sampling.max_tokens
         if wanted is None:
             wanted = self._config.default_max_tokens
@@ -304,12 +345,10 @@ class Engine:
         self._forget(seq)
         log.info("request %s aborted after %d tokens", request_id, seq.num_generated)
 
-    def abort_all(self, message: str, status: int = 503) -> None:
+    def abort_all(self, error: RequestError) -> None:
+        """End every request with `error` and start over with an empty batch."""
         for seq in list(self._by_request.values()):
-            self._emit_error(
-                seq.request_id,
-                RequestError(message, status=status, error_type="server_error"),
-            )
+            self._emit_error(seq.request_id, error)
             self._forget(seq)
         self._generator = self._make_generator()
 
@@ -324,39 +363,19 @@ class Engine:
             prompt_responses, generation_responses = self._generator.next()
         except Exception as exc:  # e.g. out of memory inside MLX
             log.exception("generation step failed; failing %d requests", self.num_active)
-            self.abort_all(f"generation failed: {exc}", status=500)
+            self.abort_all(RequestError(f"generation failed: {exc}", status=500, error_type="server_error"))
             mx.clear_cache()
             return
         now = time.perf_counter()
         for response in prompt_responses:
             seq = self._by_uid.get(response.uid)
-            if seq is None:
-                continue
-            if seq.prefill_started_at is None:
-                # the step that reports a prompt's first chunk is the step that ran it
-                seq.prefill_started_at = began
-            if response.end_of_segment and not response.end_of_prompt:
-                self._capture_prefill(seq, int(response.progress[0]))
-            if seq.want_progress:
-                done, total = response.progress
-                self._emit(ProgressEvent(seq.request_id, int(done), int(total)))
-            if response.end_of_prompt:
-                self._emit_first_token(seq, now)
+            if seq is not None:
+                self._guarded(seq, self._on_prompt_progress, seq, response, began, now)
         finished: list[tuple[PrefixPlan, list[Any], list[int]]] = []
         for response in generation_responses:
             seq = self._by_uid.get(response.uid)
-            if seq is None:
-                continue
-            if seq.early_token is not None:
-                early, seq.early_token = seq.early_token, None
-                if response.token == early and response.finish_reason is None:
-                    continue  # sent a step ago by _emit_first_token
-                log.warning("request %s: first token %d reported as %d (%s)", seq.request_id, early,
-                            response.token, response.finish_reason)
-            if response.finish_reason is not None and response.prompt_cache is not None:
-                # prompt + completion: the next turn of this conversation resends both
-                finished.append((seq.plan, response.prompt_cache, response.all_tokens or []))
-            self._on_token(seq, response.token, response.finish_reason, now)
+            if seq is not None:
+                self._guarded(seq, self._on_generated, seq, response, finished, now)
         # Capturing a finished cache first waits for the decode step already dispatched,
         # then slices its blocks (~20 ms each). A lone finisher is captured before its last
         # token leaves, so a client that answers at once finds its prefix already cached;
@@ -365,7 +384,49 @@ class Engine:
         if len(finished) > 1 and self._flush is not None:
             self._flush()
         for plan, caches, tokens in finished:
-            self.prefix_cache.capture_final(plan, caches, tokens)
+            try:
+                self.prefix_cache.capture_final(plan, caches, tokens)
+            except Exception:  # the answer is out; only the cache misses this prefix
+                log.exception("capturing a finished request's cache failed")
+
+    def _guarded(self, seq: Sequence, handle: Callable[..., None], *args: Any) -> None:
+        """Run one sequence's share of a step; if it fails, that request fails (a 500)
+        and leaves the batch, and every other sequence goes on."""
+        try:
+            handle(*args)
+        except Exception as exc:
+            log.exception("request %s failed during a step", seq.request_id)
+            self._discard(seq.request_id)
+            self._emit_error(seq.request_id, RequestError(
+                f"generation failed for this request ({type(exc).__name__}: {exc})",
+                status=500, error_type="server_error"))
+
+    def _on_prompt_progress(self, seq: Sequence, response: Any, began: float, now: float) -> None:
+        """A prefill chunk of `seq` ran: timing, block capture, progress, first token."""
+        if seq.prefill_started_at is None:
+            # the step that reports a prompt's first chunk is the step that ran it
+            seq.prefill_started_at = began
+        if response.end_of_segment and not response.end_of_prompt:
+            self._capture_prefill(seq, int(response.progress[0]))
+        if seq.want_progress:
+            done, total = response.progress
+            self._emit(ProgressEvent(seq.request_id, int(done), int(total)))
+        if response.end_of_prompt:
+            self._emit_first_token(seq, now)
+
+    def _on_generated(self, seq: Sequence, response: Any, finished: list[tuple[PrefixPlan, list[Any], list[int]]],
+                      now: float) -> None:
+        """`seq` got a token; a finished one's cache is queued in `finished` for capture."""
+        if seq.early_token is not None:
+            early, seq.early_token = seq.early_token, None
+            if response.token == early and response.finish_reason is None:
+                return  # sent a step ago by _emit_first_token
+            log.warning("request %s: first token %d reported as %d (%s)", seq.request_id, early,
+                        response.token, response.finish_reason)
+        if response.finish_reason is not None and response.prompt_cache is not None:
+            # prompt + completion: the next turn of this conversation resends both
+            finished.append((seq.plan, response.prompt_cache, response.all_tokens or []))
+        self._on_token(seq, response.token, response.finish_reason, now)
 
     def _emit_first_token(self, seq: Sequence, now: float) -> None:
         """Send a sequence's first token as soon as it is sampled.
@@ -455,6 +516,18 @@ class Engine:
             usage.completion_tokens, timings.queue_s, timings.ttft_s,
             timings.prompt_tokens_per_s, timings.decode_tokens_per_s,
         )
+
+    def _discard(self, request_id: str) -> None:
+        """Undo whatever part of an admission happened before it failed."""
+        seq = self._by_request.get(request_id)
+        if seq is None:
+            return
+        if seq.uid >= 0:
+            try:
+                self._generator.remove([seq.uid])
+            except Exception:  # it may never have made it into the generator
+                log.debug("request %s was not in the batch", request_id)
+        self._forget(seq)
 
     def _forget(self, seq: Sequence) -> None:
         self._by_uid.pop(seq.uid, None)

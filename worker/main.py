@@ -10,15 +10,15 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import zmq
 
+from protocol import log_format
 from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
+from protocol.errors import ProtocolError, RequestError
 from protocol.messages import (
     PROTOCOL_VERSION,
     AbortRequest,
@@ -38,12 +38,20 @@ from protocol.sockets import make_socket
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.prompt_preparer import PromptPreparer
 
 log = logging.getLogger("worker")
 
 _HANDSHAKE_TIMEOUT_S = 60.0
 _IDLE_POLL_MS = 50
+_PREPARING_POLL_MS = 1  # idle but a prompt is being tokenized: admit it the moment it is ready
 _GATHER_CAP_WINDOWS = 10  # a burst delays its prefill by at most this many windows
+
+
+def _shutting_down() -> RequestError:
+    """What requests cut by a shutdown or restart get: a 503 that says to retry."""
+    return RequestError("the worker is shutting down (restart or unload); retry shortly", status=503,
+                        error_type="server_error", code="worker_unavailable")
 
 
 class _Flags:
@@ -51,14 +59,7 @@ class _Flags:
 
     stop_requested = False
     drain_deadline: float | None = None
-
-
-def _configure_logging(role: str) -> None:
-    logging.basicConfig(
-        level=os.environ.get("MLXD_LOG_LEVEL", "INFO").upper(),
-        format=f"%(asctime)s %(levelname)s {role} %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    orphaned = False  # the router is gone: exit at once, nobody waits on our work
 
 
 class _Channel:
@@ -133,7 +134,8 @@ def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
 
 def run_worker(address: str, identity: str, blas: str) -> int:
     """Entry point of `python -m worker`; returns the process exit code."""
-    _configure_logging(f"worker[{identity}]")
+    log_format.configure_logging(os.environ.get("MLXD_LOG_LEVEL", "INFO"), f"worker[{identity}]")
+    os.umask(0o077)  # whatever it writes may quote prompts: private, like the router's files
     parent_pid = os.getppid()
     flags = _Flags()
 
@@ -165,6 +167,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     from worker.model_loader import load_for_serving
     from worker.cold_tier import ColdTier
     from worker.prefix_cache import PrefixCache
+    from worker.prompt_preparer import PromptPreparer
 
     try:
         loaded = load_for_serving(config.model_path, config.dtype)
@@ -207,51 +210,88 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         eos_token_ids=engine.eos_token_ids,
         hot_cache_bytes=prefix_cache.hot.budget_bytes,
         attention=loaded.attention,
+        vocab_size=engine.vocab_size,
+        max_token_chars=engine.max_token_chars,
     ))
+    preparer = PromptPreparer(engine.prompt_ids)
     try:
-        return _loop(channel, engine, parent_pid, flags, config.batch_window_ms)
+        return _loop(channel, engine, preparer, parent_pid, flags, config.batch_window_ms)
     finally:
-        if cold is not None:
+        preparer.close()
+        if cold is not None and flags.orphaned:
+            # the router's kvstore is exiting too: a flush would wait for an answer
+            # that never comes, and keep this process alive meanwhile
+            log.info("dropping %d pending SSD writes", cold.queue_depth())
+            cold.abandon()
+        elif cold is not None:
             # graceful shutdown: blocks handed to the cold tier reach the disk
             log.info("flushing %d pending SSD writes", cold.queue_depth())
             cold.flush()
             cold.close()
 
 
-def _receive_requests(channel: _Channel, engine: Engine, flags: _Flags, window_ms: int) -> None:
-    """Act on every message waiting, blocking only when idle.
+def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags,
+                      window_ms: int) -> None:
+    """Act on every message waiting, blocking only when idle, and admit the requests whose
+    prompts the tokenizer thread has finished.
 
     When the next step would start a prefill that nobody else waits on, requests still
     on their way get `window_ms` of quiet to arrive (`_GATHER_CAP_WINDOWS` windows at
-    most), so that a burst shares that prefill instead of queueing behind its first
-    request (`Engine.gathering_batch`).
+    most), and the burst's prompts get tokenized, so that it shares that prefill instead
+    of queueing behind its first request (`Engine.gathering_batch`).
     """
-    timeout = 0 if engine.has_work() else _IDLE_POLL_MS
+    if engine.has_work():
+        timeout = 0
+    else:
+        timeout = _PREPARING_POLL_MS if preparer.num_pending else _IDLE_POLL_MS
     while (message := channel.receive(timeout)) is not None:
         timeout = 0
-        _handle(message, channel, engine, flags)
+        _handle(message, channel, engine, preparer, flags)
+    _admit_prepared(engine, preparer)
     give_up_at = time.monotonic() + _GATHER_CAP_WINDOWS * window_ms / 1000
-    while window_ms > 0 and engine.gathering_batch() and not flags.stop_requested:
+    while window_ms > 0 and _gathering(engine, preparer) and not flags.stop_requested:
         wait_ms = min(window_ms, int((give_up_at - time.monotonic()) * 1000))
         message = channel.receive(wait_ms) if wait_ms > 0 else None
-        if message is None:
-            return  # a whole window of quiet: the burst is in
-        _handle(message, channel, engine, flags)
+        if message is None:  # a whole window of quiet: the burst is in, once it is tokenized
+            preparer.wait(max(0.0, give_up_at - time.monotonic()))
+            _admit_prepared(engine, preparer)
+            return
+        _handle(message, channel, engine, preparer, flags)
+        _admit_prepared(engine, preparer)
 
 
-def _handle(message: Message, channel: _Channel, engine: Engine, flags: _Flags) -> None:
+def _gathering(engine: Engine, preparer: PromptPreparer) -> bool:
+    """Nothing runs yet and requests are coming in (arriving or being tokenized)."""
+    return engine.gathering_batch() or (preparer.num_pending > 0 and not engine.has_work())
+
+
+def _admit_prepared(engine: Engine, preparer: PromptPreparer) -> None:
+    for prepared in preparer.take_done():
+        if prepared.error is not None:
+            engine.reject(prepared.request.request_id, prepared.error)
+        else:
+            engine.add(prepared.request, prepared.prompt_ids, prepared.arrived)
+
+
+def _handle(message: Message, channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags) -> None:
     if isinstance(message, AddRequest):
         if flags.drain_deadline is not None:
             channel.send(ErrorEvent(
-                message.request_id, "the worker is shutting down; retry",
-                status=503, error_type="server_error",
+                message.request_id, "the worker is shutting down; retry shortly",
+                status=503, error_type="server_error", code="worker_unavailable",
             ))
-        else:
-            engine.add(message)
+            return
+        try:
+            engine.check_admissible(message.request_id, preparer.num_pending)
+        except RequestError as exc:
+            engine.reject(message.request_id, exc)
+            return
+        preparer.submit(message)
     elif isinstance(message, AbortRequest):
-        engine.abort(message.request_id)
+        if not preparer.cancel(message.request_id):
+            engine.abort(message.request_id)
     elif isinstance(message, Ping):
-        channel.send(Pong(message.nonce, message.sent_at, engine.num_active, 0, engine.stats()))
+        channel.send(Pong(message.nonce, message.sent_at, engine.num_active, preparer.num_pending, engine.stats()))
     elif isinstance(message, Shutdown):
         flags.stop_requested = True
         flags.drain_deadline = time.monotonic() + message.drain_s
@@ -259,22 +299,26 @@ def _handle(message: Message, channel: _Channel, engine: Engine, flags: _Flags) 
         log.warning("unexpected %s message; ignored", message.type)
 
 
-def _loop(channel: _Channel, engine: Engine, parent_pid: int, flags: _Flags, batch_window_ms: int) -> int:
+def _loop(channel: _Channel, engine: Engine, preparer: PromptPreparer, parent_pid: int, flags: _Flags,
+          batch_window_ms: int) -> int:
     """Requests in, steps, events out, until told to stop or orphaned."""
     while True:
         if os.getppid() != parent_pid:
             log.warning("router went away; exiting")
+            flags.orphaned = True
             return 0
         if flags.stop_requested and flags.drain_deadline is None:
             flags.drain_deadline = time.monotonic() + 5.0
         if flags.drain_deadline is not None:
-            if not engine.has_work():
+            if not engine.has_work() and not preparer.num_pending:
                 log.info("shut down cleanly")
                 return 0
             if time.monotonic() > flags.drain_deadline:
-                engine.abort_all("the worker is shutting down")
+                for request in preparer.take_all():
+                    engine.reject(request.request_id, _shutting_down())
+                engine.abort_all(_shutting_down())
                 return 0
-        _receive_requests(channel, engine, flags, batch_window_ms)
+        _receive_requests(channel, engine, preparer, flags, batch_window_ms)
         if engine.has_work():
             with channel.batched():  # one message per step, however many streams
                 engine.step()

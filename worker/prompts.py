@@ -33,3 +33,11 @@ def render_completion(tokenizer: Any, prompt: str | list[int], vocab_size: int) 
             raise RequestError(f"prompt token ids must be in [0, {vocab_size}); got {bad[0]!r}", param="prompt")
         return list(prompt)
     return list(tokenizer.encode(prompt))
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """Characters of the vocabulary's longest token string: no token covers more text, so
+    a text of N characters is at least N / this many tokens (a bound that needs no
+    tokenizing; byte-level tokens count bytes, which is never fewer than characters)."""
+    return max(1, max((len(token) for token in tokenizer.get_vocab()), default=1))
+

@@ -56,7 +56,7 @@ def sha256_of(path: Path) -> str:
 @contextmanager
 def _home_lock(home: Path) -> Iterator[None]:
     """Serialize provisioning of one home across processes (tests run several)."""
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)  # private: it will hold users' prompts
     with open(home / ".provision.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

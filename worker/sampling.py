@@ -31,7 +31,8 @@ def make_request_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
         return greedy
     temperature = params.temperature
     top_p, top_k, min_p = params.top_p, params.top_k, params.min_p
-    key = [mx.random.key(params.seed)] if params.seed is not None else None
+    # OpenAI seeds are signed 64-bit, MLX keys unsigned: the same seed always maps to one key
+    key = [mx.random.key(params.seed % 2**64)] if params.seed is not None else None
 
     def sample(logprobs: mx.array) -> mx.array:
         if 0.0 < top_p < 1.0:
