@@ -1,8 +1,7 @@
 """The worker's client of the kvstore (SSD cold tier).
 
 Reads are one streamed get for a run of blocks (the kvstore sends each block as it reads
-it; the worker decodes while the next arrives), with a deadline: a slow or dead kvstore is
-a miss, never a failed request, and after a missed deadline reads are skipped for a
+it), with a deadline: a slow or dead kvstore is a miss, never a failed request, and after a missed deadline reads are skipped for a
 back-off period, so a hung kvstore stalls the engine loop once, not once per prompt.
 Writes are write-behind on a thread with its own socket: the engine hands blocks over and
 goes on decoding; when the hand-over queue or the socket is full the block is dropped and
@@ -64,11 +63,12 @@ class ColdTierStats:
 class ColdTier:
     """Lookup/fetch/store of blocks for one model namespace in the shared kvstore.
 
-    Reads run on the engine loop, so each one that times out stalls every sequence for
-    `read_timeout_s`. After a timeout, reads are skipped for `backoff_s`, doubled per
-    consecutive timeout up to `backoff_max_s`; the first read that is answered ends the
-    back-off. (The router kills and restarts a hung kvstore; this keeps the engine moving
-    until then, and through a kvstore that stays slow.)
+    Reads run on the worker's tokenizer thread (`PrefixCache.read_ahead`), so a slow
+    kvstore delays the prompts queued behind the read, not the running streams. After a
+    timeout, reads are skipped for `backoff_s`, doubled per consecutive timeout up to
+    `backoff_max_s`; the first read that is answered ends the back-off. (The router kills
+    and restarts a hung kvstore; this keeps new prompts moving until then, and through a
+    kvstore that stays slow.)
     """
 
     def __init__(self, address: str, namespace: str, read_timeout_s: float = 3.0,
@@ -83,6 +83,7 @@ class ColdTier:
         self._skip_until = 0.0  # time.monotonic() before which reads are skipped
         self._context = zmq.Context.instance()
         self._socket = self._connect()
+        self._read_lock = threading.Lock()
         self._ids = itertools.count(1)
         # (key, payload) to write, a _Flush to flush and signal, None to stop
         self._queue: queue.Queue[tuple[BlockKey, BlockPayload] | _Flush | None] = queue.Queue(_QUEUE_BLOCKS)
@@ -96,25 +97,39 @@ class ColdTier:
     # ------------------------------------------------------------ reads
 
     def fetch_run(self, keys: Sequence[BlockKey]) -> list[BlockPayload]:
-        """Payloads of the longest run of `keys`, from the first, that the kvstore has.
+        """Payloads of the longest run of `keys`, from the first, that the kvstore has."""
+        return self.decode_run(self.fetch_raw_run(keys))
 
-        One streamed get: the kvstore sends block by block and stops at the first miss, and
-        each block is decoded here while the next is still being read and sent."""
+    def fetch_raw_run(self, keys: Sequence[BlockKey]) -> list[memoryview]:
+        """The longest run of `keys`, from the first, as the kvstore stores them (encoded).
+
+        One streamed get: the kvstore sends block by block and stops at the first miss.
+        Safe to call from any thread (the worker reads ahead on its tokenizer thread): the
+        read socket is used under a lock, and no MLX array is made here; `decode_run`
+        makes them, on the engine's thread.
+        """
         if not keys:
             return []
-        if time.monotonic() < self._skip_until:
-            self.stats.skipped_fetches += 1
-            return []
-        started = time.perf_counter()
+        with self._read_lock:
+            if time.monotonic() < self._skip_until:
+                self.stats.skipped_fetches += 1
+                return []
+            started = time.perf_counter()
+            run = self._read_stream(list(keys))
+            self.stats.fetch_s += time.perf_counter() - started
+            self.stats.fetch_bytes += sum(len(block) for block in run)
+            return run
+
+    def _read_stream(self, keys: list[BlockKey]) -> list[memoryview]:
         request_id = next(self._ids)
-        self._socket.send_multipart(encode(KVGet(request_id, self.namespace, list(keys), stream=True)))
-        run: list[BlockPayload] = []
+        self._socket.send_multipart(encode(KVGet(request_id, self.namespace, keys, stream=True)))
+        run: list[memoryview] = []
         deadline = time.monotonic() + self.read_timeout_s
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._socket.poll(int(left * 1000) + 1):
                 self._timed_out()
-                break
+                return run
             try:
                 answer, frames = decode(self._socket.recv_multipart(copy=False))
             except ProtocolError as exc:
@@ -124,28 +139,24 @@ class ColdTier:
                 continue  # a late answer to an earlier, abandoned request
             self._answered()
             if answer.found and answer.found[0] and frames and len(run) == answer.seq:
-                buffer = frames[0].buffer
-                try:
-                    run.append(decode_block(buffer))
-                    self.stats.fetch_bytes += len(buffer)
-                except ValueError as exc:
-                    self.stats.corrupt_blocks += 1
-                    log.warning("unusable block from kvstore (%s); recomputing from there", exc)
-                    self._drain(request_id, answer.done, deadline)
-                    break
+                run.append(frames[0].buffer)  # the view keeps its frame alive
             if answer.done:
-                break
+                return run
             deadline = time.monotonic() + self.read_timeout_s  # per block, not per run
-        self.stats.fetched_blocks += len(run)
-        self.stats.fetch_s += time.perf_counter() - started
-        return run
 
-    def _drain(self, request_id: int, done: bool, deadline: float) -> None:
-        """Read and drop the rest of a streamed answer we no longer want."""
-        while not done and (left := deadline - time.monotonic()) > 0 and self._socket.poll(int(left * 1000) + 1):
-            with contextlib.suppress(ProtocolError):
-                answer, _ = decode(self._socket.recv_multipart(copy=False))
-                done = isinstance(answer, KVGetResult) and answer.request_id == request_id and answer.done
+    def decode_run(self, run: Sequence[bytes | memoryview]) -> list[BlockPayload]:
+        """Encoded blocks -> payloads, up to the first that does not decode (a damaged
+        block is a miss from there on, never wrong tokens)."""
+        payloads: list[BlockPayload] = []
+        for data in run:
+            try:
+                payloads.append(decode_block(data))
+            except ValueError as exc:
+                self.stats.corrupt_blocks += 1
+                log.warning("unusable block from kvstore (%s); recomputing from there", exc)
+                break
+        self.stats.fetched_blocks += len(payloads)
+        return payloads
 
     def _timed_out(self) -> None:
         """Start (or lengthen) the read back-off, and drop the socket with any late answer."""

@@ -34,6 +34,7 @@ from protocol.messages import (
 from worker.detokenizer import IncrementalDetokenizer
 from worker.model_loader import LoadedModel
 from worker.prefix_cache import PrefixCache, PrefixPlan
+from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import longest_token_chars, render_chat, render_completion
 from worker.sampling import make_request_processors, make_request_sampler
 from worker.stop_strings import StopStringFilter
@@ -138,10 +139,11 @@ class Engine:
             **self.prefix_cache.stats(),
         }
 
-    def add(self, request: AddRequest, prompt_ids: list[int] | None = None, arrived: float | None = None) -> None:
-        """Validate and enqueue (tokenizing first unless `prompt_ids` are given, as the
-        worker's background tokenizer gives them); `arrived` is when the request reached
-        the worker, so TTFT counts tokenizing and the cache lookup too.
+    def add(self, request: AddRequest, prepared: PreparedPrompt | None = None, arrived: float | None = None) -> None:
+        """Validate and enqueue. `prepared` is the worker's tokenizer thread's work (token
+        ids and SSD blocks read ahead); without it the prompt is tokenized and its blocks
+        read here. `arrived` is when the request reached the worker, so TTFT counts
+        tokenizing and the cache lookup too.
 
         Never raises: a bad request gets an ErrorEvent, and so does one that trips over
         anything unforeseen (a bug, MLX refusing an argument), so one request can never
@@ -149,7 +151,7 @@ class Engine:
         """
         arrived = time.perf_counter() if arrived is None else arrived
         try:
-            self._admit(request, prompt_ids, arrived)
+            self._admit(request, prepared, arrived)
         except RequestError as exc:
             self._discard(request.request_id)
             self._emit_error(request.request_id, exc)
@@ -181,15 +183,23 @@ class Engine:
                 status=503, error_type="server_busy", code="queue_full",
             )
 
-    def _admit(self, request: AddRequest, prompt_ids: list[int] | None, arrived: float) -> None:
+    def prepare(self, request: AddRequest) -> PreparedPrompt:
+        """Tokenize and read the prompt's cached blocks from SSD; thread-safe, run on the
+        worker's tokenizer thread (see `PromptPreparer`)."""
+        prompt_ids = self.prompt_ids(request)
+        return PreparedPrompt(prompt_ids, self.prefix_cache.read_ahead(prompt_ids, request.cache_salt))
+
+    def _admit(self, request: AddRequest, prepared: PreparedPrompt | None, arrived: float) -> None:
         self.check_admissible(request.request_id)
-        if prompt_ids is None:
-            prompt_ids = self.prompt_ids(request)
+        prompt_ids = prepared.prompt_ids if prepared is not None else self.prompt_ids(request)
         max_tokens = self._max_tokens(request, len(prompt_ids))
         self._check_token_ids(request)
         sampler = make_request_sampler(request.sampling, self._vocab_size)
         processors = make_request_processors(request.sampling)
-        plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
+        if prepared is None:
+            plan = self.prefix_cache.plan(prompt_ids, request.cache_salt)
+        else:  # what was not read ahead is not read now: the engine loop never waits for the disk
+            plan = self.prefix_cache.plan(prompt_ids, request.cache_salt, prepared.read_ahead, fetch=False)
         cached = plan.cached_tokens
         if plan.ssd_blocks:
             log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",

@@ -213,7 +213,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         vocab_size=engine.vocab_size,
         max_token_chars=engine.max_token_chars,
     ))
-    preparer = PromptPreparer(engine.prompt_ids)
+    preparer = PromptPreparer(engine.prepare)
     try:
         return _loop(channel, engine, preparer, parent_pid, flags, config.batch_window_ms)
     finally:
@@ -250,14 +250,19 @@ def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPrepare
     _admit_prepared(engine, preparer)
     give_up_at = time.monotonic() + _GATHER_CAP_WINDOWS * window_ms / 1000
     while window_ms > 0 and _gathering(engine, preparer) and not flags.stop_requested:
-        wait_ms = min(window_ms, int((give_up_at - time.monotonic()) * 1000))
-        message = channel.receive(wait_ms) if wait_ms > 0 else None
-        if message is None:  # a whole window of quiet: the burst is in, once it is tokenized
-            preparer.wait(max(0.0, give_up_at - time.monotonic()))
-            _admit_prepared(engine, preparer)
+        left_s = give_up_at - time.monotonic()
+        if left_s <= 0:
             return
+        if preparer.num_pending:
+            # nothing runs yet, so waiting for the tokenizer stalls nobody; admitted now,
+            # the burst's admission work stays out of its prefill step
+            preparer.wait(left_s)
+            _admit_prepared(engine, preparer)
+            continue
+        message = channel.receive(min(window_ms, int(left_s * 1000)))
+        if message is None:
+            return  # a whole window of quiet: the burst is in
         _handle(message, channel, engine, preparer, flags)
-        _admit_prepared(engine, preparer)
 
 
 def _gathering(engine: Engine, preparer: PromptPreparer) -> bool:
@@ -270,7 +275,7 @@ def _admit_prepared(engine: Engine, preparer: PromptPreparer) -> None:
         if prepared.error is not None:
             engine.reject(prepared.request.request_id, prepared.error)
         else:
-            engine.add(prepared.request, prepared.prompt_ids, prepared.arrived)
+            engine.add(prepared.request, prepared.prompt, prepared.arrived)
 
 
 def _handle(message: Message, channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags) -> None:

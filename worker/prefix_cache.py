@@ -48,6 +48,16 @@ def tail_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
 
 
 @dataclass
+class ColdRun:
+    """Blocks of one prompt read from SSD ahead of its admission, still encoded: those of
+    keys[start : start + len(blocks)]."""
+
+    start: int
+    blocks: list[memoryview]
+    fetch_s: float
+
+
+@dataclass
 class PrefixPlan:
     """What the cache offers one prompt: keys of its whole blocks, and the hit."""
 
@@ -97,20 +107,53 @@ class PrefixCache:
     def _parent(self, keys: list[BlockKey], num_blocks: int, salt: str | None) -> BlockKey:
         return keys[num_blocks - 1] if num_blocks else root_key(self.fingerprint, salt)
 
-    def plan(self, prompt_ids: list[int], salt: str | None) -> PrefixPlan:
+    def _usable_blocks(self, prompt_ids: list[int]) -> int:
+        """Whole blocks a hit may cover: at least one prompt token must be left to
+        prefill, since it yields the first logits."""
+        return (len(prompt_ids) - 1) // self.block_tokens
+
+    def read_ahead(self, prompt_ids: list[int], salt: str | None) -> ColdRun | None:
+        """Read from SSD the blocks of this prompt that follow its hot run, on the
+        tokenizer thread, so that waiting for the disk never holds up a decode step.
+
+        Only reads: the hot tier is checked (a membership test, atomic under the GIL), not
+        touched, and the blocks stay encoded until `plan` decodes them on the engine's
+        thread. The hot run may change before then; `plan` uses what still joins up.
+        """
+        if not self.enabled or self.cold is None:
+            return None
+        keys = chain_keys(self.fingerprint, prompt_ids, self.block_tokens, salt)
+        usable = self._usable_blocks(prompt_ids)
+        start = 0
+        while start < usable and keys[start] in self.hot:
+            start += 1
+        if start == usable:
+            return None
+        started = time.perf_counter()
+        blocks = self.cold.fetch_raw_run(keys[start:usable])
+        return ColdRun(start, blocks, time.perf_counter() - started)
+
+    def plan(self, prompt_ids: list[int], salt: str | None, read_ahead: ColdRun | None = None,
+             fetch: bool = True) -> PrefixPlan:
+        """The longest cached run for this prompt: hot blocks, continued from SSD (the
+        `read_ahead` blocks, or with `fetch` a read made here), then a tail."""
         if not self.enabled:
             return PrefixPlan(keys=[])
         block = self.block_tokens
         keys = chain_keys(self.fingerprint, prompt_ids, block, salt)
-        # At least one prompt token must be left to prefill: it yields the first logits.
-        usable = (len(prompt_ids) - 1) // block
+        usable = self._usable_blocks(prompt_ids)
         run: list[BlockPayload] = self.hot.longest_run(keys[:usable]) if usable else []
         plan = PrefixPlan(keys=keys, salt=salt, hot_blocks=len(run))
-        if self.cold is not None and len(run) < usable:
+        if self.cold is not None and len(run) < usable and (read_ahead is not None or fetch):
             # the hot run ended early: continue it from SSD, and keep what comes back hot
             started = time.perf_counter()
-            fetched = self.cold.fetch_run(keys[len(run) : usable])
-            plan.ssd_fetch_s = time.perf_counter() - started
+            if read_ahead is None:
+                fetched = self.cold.fetch_run(keys[len(run) : usable])
+            elif read_ahead.start <= len(run):  # it joins up with the hot run
+                fetched = self.cold.decode_run(read_ahead.blocks[len(run) - read_ahead.start :])
+            else:  # hot blocks before it were evicted meanwhile: it cannot be used
+                fetched = []
+            plan.ssd_fetch_s = time.perf_counter() - started + (read_ahead.fetch_s if read_ahead else 0.0)
             plan.ssd_bytes = sum(p.nbytes for p in fetched)
             for key, payload in zip(keys[len(run) :], fetched):
                 self.hot.put(key, payload, payload.nbytes)

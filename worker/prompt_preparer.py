@@ -1,8 +1,10 @@
-"""Chat-template rendering and tokenizing on a background thread.
+"""Chat-template rendering, tokenizing and the SSD read-ahead, on a background thread.
 
 Tokenizing a prompt of a few hundred kilobytes takes most of a second, megabytes take
-seconds; done on the engine loop, that would freeze every running stream for as long.
-HF tokenizers release the GIL while they encode, so on a thread the loop keeps stepping.
+seconds, and reading its cached blocks from SSD waits on another process; done on the
+engine loop, either would freeze every running stream for as long. HF tokenizers release
+the GIL while they encode, and so does waiting on a socket, so on a thread the loop keeps
+stepping.
 """
 
 from __future__ import annotations
@@ -11,19 +13,29 @@ import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.messages import AddRequest
 
-Prepare = Callable[[AddRequest], list[int]]
+
+@dataclass
+class PreparedPrompt:
+    """A prompt ready for admission: its token ids and what was read ahead for it."""
+
+    prompt_ids: list[int]
+    read_ahead: Any = None  # the prefix cache's ColdRun, or None
+
+
+Prepare = Callable[[AddRequest], PreparedPrompt]
 
 
 @dataclass
 class Prepared:
-    """A request whose prompt is tokenized (`prompt_ids`) or failed to be (`error`)."""
+    """A request whose prompt is ready (`prompt`) or failed to be (`error`)."""
 
     request: AddRequest
     arrived: float  # time.perf_counter() when it reached the worker
-    prompt_ids: list[int] | None = None
+    prompt: PreparedPrompt | None = None
     error: BaseException | None = None
 
 
@@ -38,7 +50,7 @@ class PromptPreparer:
         """`threaded=False` prepares inside `submit` (tests of the loop's logic)."""
         self._prepare = prepare
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenizer") if threaded else None
-        self._pending: dict[str, tuple[AddRequest, float, concurrent.futures.Future[list[int]]]] = {}
+        self._pending: dict[str, tuple[AddRequest, float, concurrent.futures.Future[PreparedPrompt]]] = {}
 
     @property
     def num_pending(self) -> int:

@@ -1,6 +1,7 @@
 """A hung kvstore (SIGSTOP) on the real service: the router's pings find it and kill and
-restart it, /health shows it, and meanwhile the worker pays at most one SSD read timeout
-instead of one per new prompt, so streams keep moving. Service goes on afterwards."""
+restart it, /health shows it, and meanwhile the running streams never wait for it: SSD
+reads happen on the worker's tokenizer thread, and after one timeout they are skipped for
+a back-off instead of costing every new prompt the timeout. Service goes on afterwards."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def first_time_down(service: Service, pid: int, seen: dict) -> None:
         time.sleep(0.1)
 
 
-def test_a_hung_kvstore_is_killed_and_costs_one_read_timeout(service: Service) -> None:
+def test_a_hung_kvstore_is_killed_and_never_stalls_the_streams(service: Service) -> None:
     client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key="x", max_retries=0, timeout=120)
     model = client.models.list().data[0].id
 
@@ -143,8 +144,11 @@ def test_a_hung_kvstore_is_killed_and_costs_one_read_timeout(service: Service) -
             os.kill(pid, signal.SIGCONT)
     log.info("largest token gap during %d new prompts: %.2f s with the kvstore up, %.2f s with it hung; "
              "kvstore seen down: %s", NUM_PROMPTS, baseline_gap, hung_gap, down)
-    # at most one read timeout paid (plus noise), not one per prompt (NUM_PROMPTS * READ_TIMEOUT_S)
-    assert hung_gap < baseline_gap + READ_TIMEOUT_S + 2.0  # two would be over 2 * READ_TIMEOUT_S
+    # the reads did wait for the hung kvstore (on the tokenizer thread)...
+    assert "did not answer within" in service.log_text(), "no SSD read was attempted while it hung"
+    # ...and the stream never did: not one read timeout on the engine loop (it used to pay
+    # one per prompt, NUM_PROMPTS * READ_TIMEOUT_S)
+    assert hung_gap < baseline_gap + READ_TIMEOUT_S / 2
     assert "after_s" in down, "the hung kvstore was not noticed"
     assert down["after_s"] < PING_TIMEOUT_S + 2.0
     assert "killed as hung" in (down["last_error"] or "")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol.messages import AddRequest, SamplingParams
 from protocol.sockets import ipc_address
 from tests.worker.test_prefix_cache import BLOCK, Harness, chat
 from tests.worker.tiny_models import make_tiny
@@ -77,3 +78,40 @@ def test_two_models_never_read_each_others_blocks(kvstore: str, default_model_di
         assert finish.usage.ssd_tokens == 0 and finish.usage.cached_tokens == 0
         assert got == expected
         reader.cache.cold.close()
+
+
+def test_blocks_read_ahead_restore_like_a_read_on_the_loop(kvstore: str, default_model_dir: Path) -> None:
+    """The worker reads a prompt's SSD blocks on its tokenizer thread (`prepare`); the
+    engine then decodes them and never touches the socket. Same hit, same tokens; a
+    read-ahead whose hot prefix was evicted meanwhile is not used (it does not join up)."""
+    tiny = make_tiny("llama", default_model_dir)
+    question = chat("What is topic 4?")
+    writer = Harness(tiny, cold=ColdTier(kvstore, "tiny-ahead"))
+    expected, _ = writer.ask(question)
+    assert writer.cache.cold.flush()
+    writer.cache.cold.close()
+
+    reader = Harness(tiny, cold=ColdTier(kvstore, "tiny-ahead"))
+    request = AddRequest("ahead", messages=question, sampling=SamplingParams(max_tokens=12, temperature=0.0))
+    prepared = reader.engine.prepare(request)
+    assert prepared.read_ahead is not None and prepared.read_ahead.start == 0
+    fetches_before = reader.cache.cold.stats.fetch_s
+    reader.engine.add(request, prepared)
+    assert reader.cache.cold.stats.fetch_s == fetches_before, "the engine read from the socket itself"
+    reader.run()
+    got, finish = reader.result("ahead")
+    assert got == expected
+    assert finish.usage.ssd_tokens == len(prepared.read_ahead.blocks) * BLOCK >= 4 * BLOCK
+
+    # a fresh engine: the read-ahead claims to start at block 2, but blocks 0-1 are not hot
+    gap = Harness(tiny, cold=ColdTier(kvstore, "tiny-ahead"))
+    ids = gap.engine.prompt_ids(request)
+    ahead = gap.cache.read_ahead(ids, None)
+    assert ahead is not None
+    ahead.start = 2
+    plan = gap.cache.plan(ids, None, ahead, fetch=False)
+    assert plan.ssd_blocks == 0 and plan.cached_tokens == 0
+    # and without a read-ahead, fetch=False reads nothing at all
+    assert gap.cache.plan(ids, None, None, fetch=False).ssd_blocks == 0
+    for h in (reader, gap):
+        h.cache.cold.close()

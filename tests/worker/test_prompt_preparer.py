@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import RequestError
 from protocol.messages import AddRequest, SamplingParams
-from worker.prompt_preparer import PromptPreparer
+from worker.prompt_preparer import PreparedPrompt, PromptPreparer
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -21,12 +21,12 @@ def request(rid: str, prompt: str = "hi") -> AddRequest:
 def test_results_come_back_in_order_without_blocking_the_caller() -> None:
     release = threading.Event()
 
-    def prepare(r: AddRequest) -> list[int]:
+    def prepare(r: AddRequest) -> PreparedPrompt:
         if r.request_id == "slow":
             release.wait(5)
         if r.prompt == "bad":
             raise RequestError("prompt is too long", param="prompt")
-        return [len(r.request_id)]
+        return PreparedPrompt([len(r.request_id)])
 
     preparer = PromptPreparer(prepare)
     try:
@@ -39,15 +39,15 @@ def test_results_come_back_in_order_without_blocking_the_caller() -> None:
         preparer.wait(5)
         done = preparer.take_done()
         assert [d.request.request_id for d in done] == ["slow", "b", "cc"]
-        assert done[0].prompt_ids == [4] and done[2].prompt_ids == [2]
-        assert isinstance(done[1].error, RequestError) and done[1].prompt_ids is None
+        assert done[0].prompt.prompt_ids == [4] and done[2].prompt.prompt_ids == [2]
+        assert isinstance(done[1].error, RequestError) and done[1].prompt is None
         assert preparer.num_pending == 0
     finally:
         preparer.close()
 
 
 def test_a_cancelled_request_never_comes_out() -> None:
-    preparer = PromptPreparer(lambda r: [1], threaded=False)
+    preparer = PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False)
     preparer.submit(request("a"))
     preparer.submit(request("b"))
     assert preparer.cancel("a") and not preparer.cancel("zzz")
@@ -56,7 +56,7 @@ def test_a_cancelled_request_never_comes_out() -> None:
 
 def test_shutdown_takes_everything_pending() -> None:
     release = threading.Event()
-    preparer = PromptPreparer(lambda r: [int(release.wait(5))])
+    preparer = PromptPreparer(lambda r: PreparedPrompt([int(release.wait(5))]))
     try:
         preparer.submit(request("a"))
         preparer.submit(request("b"))
