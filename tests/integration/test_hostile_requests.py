@@ -8,8 +8,8 @@ the worker, the router's socket tasks and the cache all survived).
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -19,13 +19,10 @@ import httpx
 import openai
 import pytest
 
+from tests.integration.probes import PROBE, STORY, probe, survives
 from tests.integration.service import Service
 
 pytestmark = pytest.mark.timeout(300)
-
-PROBE = [{"role": "user", "content": "What is the capital of France?"}]
-STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
-
 
 @pytest.fixture(scope="module")
 def svc(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
@@ -48,59 +45,11 @@ def model(client: openai.OpenAI) -> str:
     return client.models.list().data[0].id
 
 
-def probe(client: openai.OpenAI, model: str) -> str:
-    reply = client.chat.completions.create(model=model, messages=PROBE, temperature=0, max_tokens=12)
-    return reply.choices[0].message.content or ""
-
-
 @pytest.fixture(scope="module")
 def probe_answer(client: openai.OpenAI, model: str) -> str:
     answer = probe(client, model)
     assert "Paris" in answer
     return answer
-
-
-class Bystander:
-    """A greedy stream running alongside the bad requests; records when each token came."""
-
-    def __init__(self, client: openai.OpenAI, model: str, max_tokens: int) -> None:
-        self.times: list[float] = []
-        self.finish_reason: str | None = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(client, model, max_tokens), daemon=True)
-        self._thread.start()
-
-    def _run(self, client: openai.OpenAI, model: str, max_tokens: int) -> None:
-        try:
-            stream = client.chat.completions.create(model=model, messages=STORY, temperature=0,
-                                                    max_tokens=max_tokens, stream=True)
-            for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    self.times.append(time.monotonic())
-                if chunk.choices and chunk.choices[0].finish_reason:
-                    self.finish_reason = chunk.choices[0].finish_reason
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.error = exc
-
-    def wait_started(self) -> None:
-        deadline = time.monotonic() + 60
-        while not self.times and self.error is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-    def join(self) -> None:
-        self._thread.join(timeout=120)
-        assert self.error is None, f"the stream alongside was cut: {self.error!r}"
-        assert self.finish_reason == "length", "the stream alongside did not run to its end"
-
-
-@contextlib.contextmanager
-def survives(client: openai.OpenAI, model: str, probe_answer: str, max_tokens: int = 24) -> Iterator[Bystander]:
-    """The block's bad requests must leave a concurrent stream and the probe untouched."""
-    bystander = Bystander(client, model, max_tokens)
-    bystander.wait_started()
-    yield bystander
-    bystander.join()
-    assert probe(client, model) == probe_answer
 
 
 def post(svc: Service, path: str, body: bytes | dict, **headers: str) -> httpx.Response:
@@ -232,6 +181,8 @@ def test_tokenizing_a_big_prompt_does_not_stall_other_streams(svc: Service, clie
         error = assert_error(response, 400, "messages")
         assert error["code"] == "context_length_exceeded"
         during = [t for t in bystander.times if sent < t < answered]
+    logging.getLogger(__name__).info("a %d-char prompt took %.2f s to refuse; the stream alongside got %d tokens "
+                                     "meanwhile", len(words), answered - sent, len(during))
     assert len(during) >= 3, (f"the stream alongside got {len(during)} tokens in the {answered - sent:.2f} s "
                               "the big prompt was being tokenized")
 

@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from tests.integration.probes import probe, survives
+
 pytestmark = pytest.mark.timeout(300)
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -52,3 +54,18 @@ def test_the_openai_sdk_gets_the_same_greedy_answer(service, model_id) -> None:
     assert raw.status_code == 200, raw.text
     assert sdk.choices[0].message.content == raw.json()["choices"][0]["message"]["content"]
     assert "Paris" in sdk.choices[0].message.content
+
+
+def test_refused_pages_leave_streams_and_answers_alone(service, model_id) -> None:
+    """Each refusal above, sent while a stream runs: the stream ends normally and the
+    greedy probe answers as before."""
+    client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key="x", max_retries=0, timeout=120)
+    before = probe(client, model_id)
+    body = json.dumps({"model": model_id, "messages": QUESTION, "max_tokens": 5})
+    with survives(client, model_id, before):
+        for headers, path, status in [({"host": "evil.example", "content-type": "application/json"},
+                                       "/v1/chat/completions", 403),
+                                      ({"content-type": "text/plain"}, "/v1/chat/completions", 415),
+                                      ({"origin": "http://evil.example"}, f"/admin/workers/{model_id}/restart", 403)]:
+            response = httpx.post(f"{service.base_url}{path}", headers=headers, content=body, timeout=30)
+            assert response.status_code == status, response.text
