@@ -20,6 +20,7 @@ from protocol.errors import ProtocolError
 from protocol.messages import MESSAGE_TYPES, EventBatch, Message
 
 Buffer = bytes | bytearray | memoryview
+WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1  # the integers msgpack can encode
 
 
 def _to_plain(value: Any) -> Any:

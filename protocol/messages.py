@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from protocol.errors import RequestError
+
 PROTOCOL_VERSION = 1
 
 MESSAGE_TYPES: dict[str, type["Message"]] = {}
@@ -251,6 +253,16 @@ class ErrorEvent(Message):
     error_type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+
+    @classmethod
+    def from_error(cls, request_id: str, error: RequestError) -> ErrorEvent:
+        """The event that carries `error` for `request_id` to the router."""
+        return cls(request_id, error.message, error.status, error.error_type, error.param, error.code)
+
+    def to_error(self) -> RequestError:
+        """The error again, as the router raises it into the HTTP layer."""
+        return RequestError(self.message, status=self.status, error_type=self.error_type, param=self.param,
+                            code=self.code)
 
 
 @dataclass

@@ -10,7 +10,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from router import admin, openai_api
+from router import admin
+from router.api import health, models, openai_chat, openai_completions
 from router.auth import APIKeyMiddleware
 from router.body_limit import BodyLimitMiddleware
 from router.config import RouterConfig
@@ -33,11 +34,11 @@ def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
             await pool.stop()
 
     routes = [
-        Route("/health", openai_api.health, methods=["GET"]),
-        Route("/v1/models", openai_api.list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", openai_api.get_model, methods=["GET"]),
-        Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
-        Route("/v1/completions", openai_api.completions, methods=["POST"]),
+        Route("/health", health.health, methods=["GET"]),
+        Route("/v1/models", models.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
+        Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
+        Route("/v1/completions", openai_completions.completions, methods=["POST"]),
         Route("/admin/status", admin.status, methods=["GET"]),
         Route("/admin/models/{model_id:path}/load", admin.load_model, methods=["POST"]),
         Route("/admin/models/{model_id:path}/unload", admin.unload_model, methods=["POST"]),

@@ -10,23 +10,30 @@ model's engine), exist in the config file only.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import ipaddress
-import math
 import os
 import re
-import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 
-from protocol.errors import RequestError
-from router.validation import parse_sampling
+from router.config_values import (
+    ConfigError,
+    FrozenMap,
+    flag_name,
+    normalize_fields,
+    parse_bool,
+    quote_key,
+    setting,
+    strict_value,
+    type_hints,
+    unknown_key_message,
+)
+from router.profiles import Profile, check_model_name, check_profile
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -34,135 +41,24 @@ TABLES = ("models", "profiles")  # settings that are TOML tables, so they exist 
 MEMORY_RESERVE_BYTES = 8 << 30  # what the automatic memory budget leaves to the OS and other apps
 MIN_MEMORY_BUDGET_BYTES = 2 << 30  # the automatic budget never goes below this, even on a small machine
 
-V = TypeVar("V")
-
-
 def default_home() -> Path:
     """Where mlxd keeps models and caches: $MLXD_HOME, else ~/.mlxd."""
     return Path(os.environ.get("MLXD_HOME") or Path.home() / ".mlxd")
-
-
-def _setting(default: Any, why: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": why, **extra})
-
-
-def flag_name(key: str) -> str:
-    """The command-line flag of setting `key` (`max_num_seqs` -> `--max-num-seqs`)."""
-    return "--" + key.replace("_", "-")
-
-
-def quote_key(name: str) -> str:
-    """`name` as a TOML basic string, so table names with `/`, `.` or `:` stay one key."""
-    short = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    escaped = []
-    for char in name:
-        if char in short:
-            escaped.append(short[char])
-        elif ord(char) < 0x20 or ord(char) == 0x7F:  # TOML forbids raw control characters
-            escaped.append(f"\\u{ord(char):04x}")
-        else:
-            escaped.append(char)
-    return '"' + "".join(escaped) + '"'
-
-
-class ConfigError(ValueError):
-    """An invalid setting.
-
-    `key` names the field (`port`, or a table entry like `profiles."smol:coder".top_p`;
-    None for a file that is not TOML at all); `source` says where the bad value came
-    from (a config file's path, `--flag`, `$ENV`; None for defaults and code), so the
-    user is sent to the right place to fix it.
-    """
-
-    def __init__(self, key: str | None, message: str, source: str | None = None) -> None:
-        super().__init__(": ".join(part for part in (source, key, message) if part))
-        self.key = key
-        self.message = message
-        self.source = source
-
-    def at(self, source: str | None) -> ConfigError:
-        """The same error, attributed to `source`."""
-        return ConfigError(self.key, self.message, source)
-
-
-def unknown_key_message(key: str, known: Sequence[str]) -> str:
-    """'unknown setting', with the closest known name when there is one (typos are the usual cause)."""
-    underscored = key.replace("-", "_")
-    if underscored != key and underscored in known:
-        return f"unknown setting; did you mean {underscored!r}? (keys use underscores)"
-    close = difflib.get_close_matches(key, known, n=1)
-    return f"unknown setting; did you mean {close[0]!r}?" if close else "unknown setting"
-
-
-class FrozenMap(Mapping[str, V]):
-    """A read-only dict that also hashes and pickles, so a config holding tables stays a value."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: Mapping[str, V] | None = None) -> None:
-        self._items: dict[str, V] = dict(items or {})
-
-    def __getitem__(self, key: str) -> V:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __hash__(self) -> int:
-        return hash(frozenset(self._items.items()))
-
-    def __repr__(self) -> str:
-        return f"FrozenMap({self._items!r})"
 
 
 @dataclass(frozen=True)
 class ModelSettings:
     """`[models."NAME"]` in the config file: how the pool treats one model."""
 
-    pin: bool = _setting(False, "keep this model loaded at all times: never evicted for memory, never unloaded when idle")
-    ttl_s: float | None = _setting(None, "unload after this many idle seconds, freeing its memory (default: idle_timeout_s)")
-    aliases: tuple[str, ...] = _setting((), "other names clients may use for this model (e.g. the name another tool expects)")
-    max_disk_bytes: int | None = _setting(
+    pin: bool = setting(False, "keep this model loaded at all times: never evicted for memory, never unloaded when idle")
+    ttl_s: float | None = setting(None, "unload after this many idle seconds, freeing its memory (default: idle_timeout_s)")
+    aliases: tuple[str, ...] = setting((), "other names clients may use for this model (e.g. the name another tool expects)")
+    max_disk_bytes: int | None = setting(
         None, "this model's cap in the SSD tier, so one busy model cannot push out every other's cache (default: none)"
     )
 
     def __post_init__(self) -> None:
-        _normalize_fields(self)
-
-
-@dataclass(frozen=True)
-class Profile:
-    """`[profiles."MODEL:PROFILE"]`: defaults for requests naming `MODEL:PROFILE`.
-
-    A profile shares MODEL's loaded engine, so e.g. a "coder" and a "creative" variant cost
-    no extra memory. A field left None lets the request (or the router-wide default)
-    decide, and a value the client sends always wins. `system_prompt` applies to chat
-    completions only: /v1/completions takes raw text with no roles to put it in, so there it
-    is ignored.
-    """
-
-    temperature: float | None = _setting(None, "sampling temperature for requests that set none")
-    top_p: float | None = _setting(None, "nucleus sampling cut-off for requests that set none")
-    top_k: int | None = _setting(None, "top-k cut-off for requests that set none")
-    min_p: float | None = _setting(None, "min-p cut-off for requests that set none")
-    repetition_penalty: float | None = _setting(None, "repetition penalty for requests that set none")
-    presence_penalty: float | None = _setting(None, "presence penalty for requests that set none")
-    frequency_penalty: float | None = _setting(None, "frequency penalty for requests that set none")
-    stop: tuple[str, ...] | None = _setting(None, "stop strings for requests that set none")
-    seed: int | None = _setting(None, "sampling seed for requests that set none (reproducible output)")
-    max_tokens: int | None = _setting(None, "output cap for requests that set none")
-    context_limit: int | None = _setting(
-        None, "cap on prompt + output tokens, below the model's own, e.g. to keep a cheap profile's requests short"
-    )
-    system_prompt: str | None = _setting(
-        None, "system message put first in chat requests that have none (ignored by /v1/completions)"
-    )
-
-    def __post_init__(self) -> None:
-        _normalize_fields(self)
+        normalize_fields(self)
 
 
 @dataclass(frozen=True)
@@ -174,37 +70,37 @@ class RouterConfig:
     """
 
     # --- the config file (its own location can only come from the command line)
-    config: Path | None = _setting(
+    config: Path | None = setting(
         None,
         "TOML file of settings, overridden by flags (default HOME/config.toml, skipped if missing)",
         cli_only=True,
     )
     # --- HTTP
-    host: str = _setting(
+    host: str = setting(
         "127.0.0.1",
         "address to bind; loopback by default so nothing else on the network can reach the models",
     )
-    port: int = _setting(8000, "TCP port of the OpenAI-compatible API")
-    api_key: str | None = _setting(
+    port: int = setting(8000, "TCP port of the OpenAI-compatible API")
+    api_key: str | None = setting(
         None,
         "require 'Authorization: Bearer KEY' on every route but /health; mandatory for a non-loopback "
         "--host (or set $MLXD_API_KEY, which ps does not show)",
     )
-    sse_keepalive_s: float = _setting(
+    sse_keepalive_s: float = setting(
         10.0,
         "seconds of silence on a stream before an SSE comment is sent, so clients don't time out during "
         "a long prefill",
     )
-    max_body_bytes: int = _setting(
+    max_body_bytes: int = setting(
         8 << 20,
         "largest request body accepted (413 above it); 8 MiB holds a 1M-token conversation's text, and a "
         "bigger body only costs memory and time",
     )
-    allowed_hosts: tuple[str, ...] = _setting(
+    allowed_hosts: tuple[str, ...] = setting(
         (), "Host names accepted without an API key besides loopback names and --host (a DNS-rebinding guard); "
         "'*' accepts any; repeat the flag for more", repeatable=True
     )
-    cors_origins: tuple[str, ...] = _setting(
+    cors_origins: tuple[str, ...] = setting(
         (), "web page origins (scheme://host[:port]) allowed to call the API from a browser, answered with CORS "
         "headers; '*' for any; repeat the flag for more", repeatable=True
     )
@@ -213,21 +109,21 @@ class RouterConfig:
         default_factory=default_home,
         metadata={"help": "mlxd's data directory: models, caches (default $MLXD_HOME or ~/.mlxd)"},
     )
-    model: str | None = _setting(
+    model: str | None = setting(
         None,
         "MLX model directory, .gguf file (converted once into HOME/models) or a model name in "
         "--model-dir; default: the provisioned SmolLM2-135M-Instruct",
     )
-    model_dir: Path | None = _setting(None, "where model names are looked up (default HOME/models)")
-    memory_budget_bytes: int = _setting(
+    model_dir: Path | None = setting(None, "where model names are looked up (default HOME/models)")
+    memory_budget_bytes: int = setting(
         0,
         "memory all loaded models may use together; over it, idle unpinned models are unloaded; 0: total "
         "RAM minus 8 GB for the OS and apps, at least 2 GB",
     )
-    idle_timeout_s: float = _setting(
+    idle_timeout_s: float = setting(
         0.0, "unload a model idle this many seconds, giving its memory back; 0: never (models.NAME.ttl_s overrides)"
     )
-    pin: tuple[str, ...] = _setting(
+    pin: tuple[str, ...] = setting(
         (), "model kept loaded at all times, never evicted or unloaded; repeat the flag for more", repeatable=True
     )
     models: Mapping[str, ModelSettings] = field(
@@ -240,62 +136,62 @@ class RouterConfig:
                   "table": True},
     )
     # --- worker (sent to it in the handshake)
-    max_num_seqs: int = _setting(8, "sequences decoded together; more raises throughput and memory use")
-    max_queue: int = _setting(64, "requests a worker holds waiting for a slot before it refuses new ones")
-    prefill_chunk_tokens: int = _setting(
+    max_num_seqs: int = setting(8, "sequences decoded together; more raises throughput and memory use")
+    max_queue: int = setting(64, "requests a worker holds waiting for a slot before it refuses new ones")
+    prefill_chunk_tokens: int = setting(
         512,
         "prompt tokens prefilled per step, so decoding of other requests keeps moving during a long "
         "prompt",
     )
-    batch_window_ms: int = _setting(
+    batch_window_ms: int = setting(
         10,
         "when nothing is running, how long the first prompt of a burst waits for the rest to arrive, so "
         "they are prefilled together (0: never wait)",
     )
-    block_tokens: int = _setting(256, "tokens per prefix-cache block (only full blocks are cached)")
-    prefix_cache: bool = _setting(True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
-    cold_cache: bool = _setting(True, "keep prefix blocks on disk too (the kvstore process), so they survive memory pressure and restarts")
-    cold_cache_dir: Path | None = _setting(None, "where the SSD tier keeps its segments and index (default HOME/kvcache)")
-    max_disk_bytes: int = _setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
-    segment_bytes: int = _setting(64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
-    compression: str = _setting("lz4", "compression of SSD blocks", choices=("lz4", "none"))
-    hot_cache_bytes: int = _setting(0, "in-memory prefix cache budget per worker in bytes; 0 means an eighth of the memory budget (at least 256 MB)")
-    max_context_tokens: int = _setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
-    default_max_tokens: int = _setting(512, "output cap for requests that set no max_tokens")
-    dtype: str = _setting(
+    block_tokens: int = setting(256, "tokens per prefix-cache block (only full blocks are cached)")
+    prefix_cache: bool = setting(True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
+    cold_cache: bool = setting(True, "keep prefix blocks on disk too (the kvstore process), so they survive memory pressure and restarts")
+    cold_cache_dir: Path | None = setting(None, "where the SSD tier keeps its segments and index (default HOME/kvcache)")
+    max_disk_bytes: int = setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
+    segment_bytes: int = setting(64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
+    compression: str = setting("lz4", "compression of SSD blocks", choices=("lz4", "none"))
+    hot_cache_bytes: int = setting(0, "in-memory prefix cache budget per worker in bytes; 0 means an eighth of the memory budget (at least 256 MB)")
+    max_context_tokens: int = setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
+    default_max_tokens: int = setting(512, "output cap for requests that set no max_tokens")
+    dtype: str = setting(
         "auto",
         "weight dtype the worker computes in; auto picks the fastest for the device",
         choices=DTYPES,
     )
     # --- supervision
-    heartbeat_s: float = _setting(2.0, "seconds between pings to each worker")
-    ping_timeout_s: float = _setting(
+    heartbeat_s: float = setting(2.0, "seconds between pings to each worker")
+    ping_timeout_s: float = setting(
         60.0,
         "a worker silent this long is hung and gets killed; long, because one big prefill chunk blocks "
         "its loop for seconds",
     )
-    kvstore_ping_timeout_s: float = _setting(
+    kvstore_ping_timeout_s: float = setting(
         10.0,
         "the kvstore (pinged every heartbeat_s) silent this long is hung and gets killed and restarted; shorter "
         "than ping_timeout_s since its loop only moves bytes, never computes, yet ample for one flooded with writes",
     )
-    load_timeout_s: float = _setting(600.0, "longest a worker may take from spawn to READY (loading weights)")
-    restart_backoff_s: float = _setting(
+    load_timeout_s: float = setting(600.0, "longest a worker may take from spawn to READY (loading weights)")
+    restart_backoff_s: float = setting(
         1.0,
         "first delay before restarting a dead worker; doubles per consecutive failure",
     )
-    restart_backoff_max_s: float = _setting(30.0, "cap on the restart delay")
-    max_start_failures: int = _setting(
+    restart_backoff_max_s: float = setting(30.0, "cap on the restart delay")
+    max_start_failures: int = setting(
         5,
         "consecutive failed restarts before a worker is left down (see /health last_error)",
     )
-    shutdown_drain_s: float = _setting(5.0, "on shutdown, how long in-flight requests may finish before they are cut")
-    kill_after_s: float = _setting(5.0, "after SIGTERM, how long a worker gets to exit before SIGKILL")
+    shutdown_drain_s: float = setting(5.0, "on shutdown, how long in-flight requests may finish before they are cut")
+    kill_after_s: float = setting(5.0, "after SIGTERM, how long a worker gets to exit before SIGKILL")
     # --- logging
-    log_level: str = _setting("info", "router log verbosity", choices=LOG_LEVELS)
+    log_level: str = setting("info", "router log verbosity", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
-        _normalize_fields(self)
+        normalize_fields(self, {"models": ModelSettings, "profiles": Profile})
         _check(self)
 
     @property
@@ -383,20 +279,11 @@ def _check(config: RouterConfig) -> None:
             "(--api-key) or bind 127.0.0.1",
         )
     for name in config.pin:
-        _check_model_name("pin", name)
+        check_model_name("pin", name)
     _check_web(config)
     _check_models(config)
     for name, profile in config.profiles.items():
-        _check_profile(name, profile)
-
-
-def _check_model_name(key: str, name: str) -> None:
-    """Model names are what clients put in `model`; a colon there starts a profile name."""
-    if not name.strip():
-        raise ConfigError(key, "a model name must not be empty")
-    if ":" in name:
-        model = name.partition(":")[0]
-        raise ConfigError(key, f"{name!r} is not a model name (':' starts a profile name); use {model!r}")
+        check_profile(name, profile)
 
 
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s]+", re.IGNORECASE)
@@ -419,120 +306,16 @@ def _check_models(config: RouterConfig) -> None:
     owner = {name: name for name in config.models}  # every name clients may use -> the model it means
     for name, settings in config.models.items():
         where = f"models.{quote_key(name)}"
-        _check_model_name(where, name)
+        check_model_name(where, name)
         if settings.ttl_s is not None and settings.ttl_s < 0:
             raise ConfigError(f"{where}.ttl_s", f"must be >= 0, got {settings.ttl_s!r}")
         if settings.max_disk_bytes is not None and not 0 < settings.max_disk_bytes <= config.max_disk_bytes:
             raise ConfigError(f"{where}.max_disk_bytes", f"must be > 0 and <= max_disk_bytes "
                               f"({config.max_disk_bytes}), got {settings.max_disk_bytes}")
         for alias in settings.aliases:
-            _check_model_name(f"{where}.aliases", alias)
+            check_model_name(f"{where}.aliases", alias)
             if owner.setdefault(alias, name) != name:
                 raise ConfigError(f"{where}.aliases", f"{alias!r} already names model {owner[alias]!r}")
-
-
-def _check_profile(name: str, profile: Profile) -> None:
-    """A profile's defaults are request parameters, so the request validator judges them: a
-    profile can never hold a value that the same request would be refused for."""
-    where = f"profiles.{quote_key(name)}"
-    model, _, label = name.partition(":")
-    if not model or not label or ":" in label:
-        raise ConfigError(where, 'must be named "MODEL:PROFILE" (exactly one colon, both parts non-empty)')
-    _check_model_name(where, model)
-    body: dict[str, Any] = {k: v for k, v in dataclasses.asdict(profile).items() if v is not None}
-    if profile.stop is not None:
-        body["stop"] = list(profile.stop)
-    try:
-        parse_sampling(body)
-    except RequestError as exc:
-        raise ConfigError(f"{where}.{exc.param}", exc.message) from None
-    if profile.context_limit is not None:
-        if profile.context_limit < 2:
-            raise ConfigError(f"{where}.context_limit", f"must be >= 2 (a prompt and an answer), got {profile.context_limit}")
-        if profile.max_tokens is not None and profile.max_tokens >= profile.context_limit:
-            raise ConfigError(f"{where}.max_tokens", f"must be less than context_limit ({profile.context_limit}) "
-                              f"to leave room for the prompt, got {profile.max_tokens}")
-
-
-@functools.cache
-def type_hints(cls: type) -> dict[str, Any]:
-    """Field name -> resolved type hint of a settings dataclass (cached: built per config)."""
-    return typing.get_type_hints(cls)
-
-
-def _type_words(hint: Any) -> str:
-    if typing.get_origin(hint) is tuple:
-        return "a list of strings"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
-            Path: "a path (string)"}.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def strict_value(key: str, value: Any, hint: Any) -> Any:
-    """`value` from a typed source (TOML, Python) checked against a field's type `hint`.
-
-    Unlike a flag's text, a typed value is never converted: `port = "80"` in a file is a
-    mistake worth naming, not a number. Lists become tuples and strings become Paths so
-    the config stays immutable; ints are accepted where floats are expected.
-    """
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    if typing.get_origin(hint) is tuple:
-        items = [value] if isinstance(value, str) else value
-        if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
-            return tuple(items)
-    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ConfigError(key, f"must be a finite number, got {value!r}")
-        return float(value)
-    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    elif hint is Path and isinstance(value, (str, Path)):
-        return Path(value)
-    elif hint in (bool, str) and isinstance(value, hint):
-        return value
-    raise ConfigError(key, f"expected {_type_words(hint)}, got {value!r}")
-
-
-def _normalize_fields(obj: Any) -> None:
-    """Type-check every field of a frozen settings dataclass, storing lists as tuples and
-    tables as FrozenMaps, so a config built from code is as sound as one from a file."""
-    for name, hint in type_hints(type(obj)).items():
-        value = getattr(obj, name)
-        if name in TABLES:
-            value = _table(name, value, ModelSettings if name == "models" else Profile)
-        else:
-            value = strict_value(name, value, hint)
-        object.__setattr__(obj, name, value)
-
-
-T = TypeVar("T", ModelSettings, Profile)
-
-
-def _table(key: str, raw: Any, cls: type[T]) -> FrozenMap[T]:
-    """`[models."NAME"]` / `[profiles."MODEL:PROFILE"]` tables -> name -> frozen settings.
-    Errors name the exact entry, e.g. `profiles."smol:coder".temprature`."""
-    if isinstance(raw, FrozenMap):
-        return raw
-    if not isinstance(raw, Mapping):
-        raise ConfigError(key, f"must be a table of [{key}.\"NAME\"] tables, got {raw!r}")
-    hints = type_hints(cls)
-    entries: dict[str, T] = {}
-    for name, values in raw.items():
-        where = f"{key}.{quote_key(name)}"
-        if isinstance(values, cls):
-            entries[name] = values
-            continue
-        if not isinstance(values, Mapping):
-            raise ConfigError(where, f"must be a table of settings, got {values!r}")
-        kwargs: dict[str, Any] = {}
-        for field_name, value in values.items():
-            if field_name not in hints:
-                raise ConfigError(f"{where}.{field_name}", unknown_key_message(field_name, list(hints)))
-            kwargs[field_name] = strict_value(f"{where}.{field_name}", value, hints[field_name])
-        entries[name] = cls(**kwargs)
-    return FrozenMap(entries)
 
 
 def setting_types() -> dict[str, type]:
@@ -548,17 +331,6 @@ def setting_types() -> dict[str, type]:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         kinds[name] = args[0] if args else hint
     return kinds
-
-
-def _parse_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0"):
-        return False
-    raise ValueError(value)
 
 
 def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
@@ -581,7 +353,7 @@ def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
         kind = kinds[key]
         try:
             if kind is bool:
-                kwargs[key] = _parse_bool(value)
+                kwargs[key] = parse_bool(value)
                 continue
             if kind is int and isinstance(value, float) or isinstance(value, bool):
                 raise ValueError

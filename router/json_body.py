@@ -15,12 +15,12 @@ import math
 import re
 from typing import Any
 
+from protocol.codec import WIRE_INT_MAX, WIRE_INT_MIN
 from protocol.errors import RequestError
 
 # Real clients' deepest bodies are JSON schemas in tool definitions: ~10 levels. msgpack's
 # packer gives up at 512 and the template renderer recurses per level.
 MAX_JSON_DEPTH = 64
-WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1  # what msgpack can encode
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -27,6 +27,7 @@ from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
 from router.model_files import convert_once
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
+from router.profiles import Profile, split_model_name
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError, WorkerSupervisor
 from router.worker_client import WorkerClient
 
@@ -132,12 +133,12 @@ class WorkerPool:
     def models(self) -> list[str]:
         return sorted(self.registry)
 
-    def resolve(self, name: str) -> tuple[str, Any]:
+    def resolve(self, name: str) -> tuple[str, Profile | None]:
         """A requested name -> (model id, profile or None). Unknown names are a 404;
         names are only ever looked up, never used as paths."""
         profiles = self.config.profiles
         if name in profiles:
-            model_part = name.split(":", 1)[0]
+            model_part = split_model_name(name)[0]
             model_id = self.aliases.get(model_part, model_part)
             if model_id in self.registry:
                 return model_id, profiles[name]
@@ -157,9 +158,9 @@ class WorkerPool:
                              "or send it a request")
         return supervisor
 
-    async def acquire(self, name: str) -> tuple[WorkerSupervisor, Any]:
-        """The ready worker for a requested name (loading it, evicting others, if needed)."""
-        model_id, profile = self.resolve(name)
+    async def acquire(self, model_id: str) -> WorkerSupervisor:
+        """The ready worker for a model id from `resolve` (loading it, evicting others, if
+        needed)."""
         entry = self.registry[model_id]
         if entry.kind != "chat":
             raise RequestError(f"model '{model_id}' is a {entry.kind} model; it cannot serve completions",
@@ -171,7 +172,7 @@ class WorkerPool:
                 supervisor = await self.load(model_id)
             except WorkerStartupError as exc:  # one fresh attempt per request, then a 503
                 raise WorkerDead(f"model '{model_id}' is unavailable: {exc}") from None
-        return supervisor, profile
+        return supervisor
 
     # ------------------------------------------------------------ load / unload
 

@@ -1,18 +1,22 @@
 """Named profiles: `MODEL:PROFILE` names that share MODEL's loaded engine with their own defaults.
 
-A profile (`[profiles."MODEL:PROFILE"]` in the config file, `router.config.Profile`) only
-fills in what a request left out, so one copy of the weights can serve e.g. a precise
-"coder" and a looser "writer" without a second load. The pool resolves the name; this
-module splits it and rewrites the request body before validation.
+A profile (`[profiles."MODEL:PROFILE"]` in the config file) only fills in what a request
+left out, so one copy of the weights can serve e.g. a precise "coder" and a looser
+"writer" without a second load. Everything about profiles lives here: the settings, their
+check (a profile may hold only what a request could), the name rule (the one place a
+model name is split), and the rewrite of a request body before validation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
-if TYPE_CHECKING:  # config imports validation, which imports this module
-    from router.config import Profile
+from protocol.errors import RequestError
+from router.config_values import ConfigError, normalize_fields, quote_key, setting
+from router.validation import parse_sampling
 
 # request parameters a profile gives a default for, under the same names as in the request
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -30,6 +34,70 @@ def split_model_name(name: str) -> tuple[str, str | None]:
     """
     model, colon, profile = name.partition(":")
     return (model, profile) if colon else (name, None)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """`[profiles."MODEL:PROFILE"]`: defaults for requests naming `MODEL:PROFILE`.
+
+    A profile shares MODEL's loaded engine, so e.g. a "coder" and a "creative" variant cost
+    no extra memory. A field left None lets the request (or the router-wide default)
+    decide, and a value the client sends always wins. `system_prompt` applies to chat
+    completions only: /v1/completions takes raw text with no roles to put it in, so there it
+    is ignored.
+    """
+
+    temperature: float | None = setting(None, "sampling temperature for requests that set none")
+    top_p: float | None = setting(None, "nucleus sampling cut-off for requests that set none")
+    top_k: int | None = setting(None, "top-k cut-off for requests that set none")
+    min_p: float | None = setting(None, "min-p cut-off for requests that set none")
+    repetition_penalty: float | None = setting(None, "repetition penalty for requests that set none")
+    presence_penalty: float | None = setting(None, "presence penalty for requests that set none")
+    frequency_penalty: float | None = setting(None, "frequency penalty for requests that set none")
+    stop: tuple[str, ...] | None = setting(None, "stop strings for requests that set none")
+    seed: int | None = setting(None, "sampling seed for requests that set none (reproducible output)")
+    max_tokens: int | None = setting(None, "output cap for requests that set none")
+    context_limit: int | None = setting(
+        None, "cap on prompt + output tokens, below the model's own, e.g. to keep a cheap profile's requests short"
+    )
+    system_prompt: str | None = setting(
+        None, "system message put first in chat requests that have none (ignored by /v1/completions)"
+    )
+
+    def __post_init__(self) -> None:
+        normalize_fields(self)
+
+
+def check_model_name(key: str, name: str) -> None:
+    """Model names are what clients put in `model`; a colon there starts a profile name."""
+    if not name.strip():
+        raise ConfigError(key, "a model name must not be empty")
+    if ":" in name:
+        model = split_model_name(name)[0]
+        raise ConfigError(key, f"{name!r} is not a model name (':' starts a profile name); use {model!r}")
+
+
+def check_profile(name: str, profile: Profile) -> None:
+    """A profile's defaults are request parameters, so the request validator judges them: a
+    profile can never hold a value that the same request would be refused for."""
+    where = f"profiles.{quote_key(name)}"
+    model, label = split_model_name(name)
+    if not model or not label or ":" in label:
+        raise ConfigError(where, 'must be named "MODEL:PROFILE" (exactly one colon, both parts non-empty)')
+    check_model_name(where, model)
+    body: dict[str, Any] = {k: v for k, v in dataclasses.asdict(profile).items() if v is not None}
+    if profile.stop is not None:
+        body["stop"] = list(profile.stop)
+    try:
+        parse_sampling(body)
+    except RequestError as exc:
+        raise ConfigError(f"{where}.{exc.param}", exc.message) from None
+    if profile.context_limit is not None:
+        if profile.context_limit < 2:
+            raise ConfigError(f"{where}.context_limit", f"must be >= 2 (a prompt and an answer), got {profile.context_limit}")
+        if profile.max_tokens is not None and profile.max_tokens >= profile.context_limit:
+            raise ConfigError(f"{where}.max_tokens", f"must be less than context_limit ({profile.context_limit}) "
+                              f"to leave room for the prompt, got {profile.max_tokens}")
 
 
 def apply_profile(body: Mapping[str, Any], profile: Profile, kind: Literal["chat", "text"]) -> dict[str, Any]:

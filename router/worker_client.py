@@ -80,6 +80,8 @@ class RequestStream:
         elif isinstance(message, PromptEvent):
             self.phase = "prefill"
         self._events.append(message)
+        if isinstance(message, FinishEvent) and self.on_finish is not None:
+            self.on_finish(message)  # bookkeeping of the pool, whatever the dialect answering
         if isinstance(message, TERMINAL_EVENTS):
             self.finished = True
             self.client.forget(self)

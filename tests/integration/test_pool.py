@@ -217,3 +217,19 @@ def test_bad_config_fails_startup_naming_the_key(tmp_path: Path, default_model_d
                            "--model", str(default_model_dir)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert key in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"temperature": "hot"}, "temperature"),
+    ({"messages": []}, "messages"),
+    ({"max_tokens": 2**70}, "max_tokens"),
+])
+def test_a_malformed_body_for_an_unloaded_model_never_loads_it(shared: Service, fields: dict, param: str) -> None:
+    """Parse and validate come before acquire: a bad body costs no load (or eviction)."""
+    assert model_state(shared, TINY)["state"] == "unloaded"
+    before = model_state(shared, DEFAULT)
+    r = chat(shared, TINY, **fields)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert model_state(shared, TINY)["state"] == "unloaded"
+    after = model_state(shared, DEFAULT)
+    assert after["pid"] == before["pid"] and after["state"] in ("idle", "ready")

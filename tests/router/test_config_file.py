@@ -18,12 +18,12 @@ from router.config import (
     MIN_MEMORY_BUDGET_BYTES,
     ConfigError,
     ModelSettings,
-    Profile,
     RouterConfig,
     auto_memory_budget,
     make_config,
 )
 from router.config_file import API_KEY_ENV, DEFAULT, LoadedConfig, load_config, render_toml
+from router.profiles import Profile
 
 GB = 1 << 30
 

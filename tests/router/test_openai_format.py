@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from protocol.messages import Usage
-from router.openai_format import completion_body, model_card, stream_chunk, usage_body, usage_chunk
+from router.api.openai_format import completion_body, model_card, stream_chunk, usage_body, usage_chunk
 from router.sse import DONE, KEEPALIVE, KeepAliveTimer, sse_data
 
 USAGE = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=8)

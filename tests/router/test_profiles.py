@@ -9,9 +9,10 @@ import pytest
 
 from protocol.codec import decode, encode
 from protocol.messages import AddRequest
-from router.config import Profile
+from router.profiles import Profile
 from router.profiles import SAMPLING_DEFAULTS, apply_profile, split_model_name
-from router.validation import parse_chat_request, parse_completion_request
+from router.api.openai_chat import parse as parse_chat_request
+from router.api.openai_completions import parse as parse_completion_request
 
 CHAT = {"model": "smol:coder", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "smol:coder", "prompt": "def f("}

@@ -9,7 +9,9 @@ import pytest
 
 from protocol.errors import RequestError
 from protocol.messages import SamplingParams
-from router.validation import parse_chat_request, parse_completion_request, parse_json_body
+from router.api.openai_chat import parse as parse_chat_request
+from router.api.openai_completions import parse as parse_completion_request
+from router.json_body import parse_json_body
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "m", "prompt": "hi"}

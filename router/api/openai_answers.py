@@ -1,44 +1,27 @@
-"""OpenAI-compatible route handlers: /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""The OpenAI answer to a forwarded request, from the worker's events: one JSON body, or
+an SSE stream of chunks. Shared by the chat and text completion dialects.
 
-A handler validates, hands the request to the model's worker, and turns the worker's
-event stream into either one JSON body or an SSE stream. A client that goes away
-aborts its request at the worker.
+A client that goes away aborts its request at the worker; a long prefill never times a
+client out (SSE comments, or leading whitespace before a JSON body).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import ErrorEvent, FinishEvent, Message, ProgressEvent, PromptEvent, TokenEvent
+from router.api.openai_format import completion_body, progress_chunk, stream_chunk, timings_extension, usage_chunk
 from router.http_errors import error_body, request_error_body, worker_dead_body
-from router.openai_format import (
-    completion_body,
-    model_card,
-    progress_chunk,
-    stream_chunk,
-    timings_extension,
-    usage_chunk,
-)
-from router.pool import WorkerPool
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
-from router.validation import (
-    ParsedRequest,
-    check_against_model,
-    parse_chat_request,
-    parse_completion_request,
-    parse_json_body,
-)
-from router.web_guard import holds_key, states_only
+from router.validation import ParsedRequest
 from router.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
@@ -47,95 +30,11 @@ logger = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
 
 
-def _pool(request: Request) -> WorkerPool:
-    return request.app.state.pool
-
-
-def _error_from_event(event: ErrorEvent) -> RequestError:
-    return RequestError(event.message, status=event.status, error_type=event.error_type,
-                        param=event.param, code=event.code)
-
-
-def _log_finish(parsed: ParsedRequest, stream: RequestStream, event: FinishEvent) -> None:
-    if stream.on_finish is not None:
-        stream.on_finish(event)
-    u, t = event.usage, event.timings
-    logger.info("%s %s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
-                parsed.model, parsed.add.request_id, event.finish_reason, u.prompt_tokens,
-                u.completion_tokens, u.cached_tokens, t.ttft_s, t.decode_tokens_per_s)
-
-
-# ---------------------------------------------------------------- models and health
-
-
-async def health(request: Request) -> Response:
-    """200 when every worker is ready, else 503 with the same body (status "degraded").
-
-    Open to probes without the API key, but then only states: pids, paths and error text
-    tell an outsider about the machine and are for whoever holds the key."""
-    pool = _pool(request)
-    body = pool.health()
-    if not holds_key(request.headers, request.app.state.config.api_key):
-        body = states_only(body)
-    return JSONResponse(body, status_code=200 if pool.is_healthy() else 503)
-
-
-def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
-    model_id, profile = pool.resolve(name)
-    supervisor = pool.supervisors.get(model_id)
-    extra: dict[str, Any] = {"kind": pool.registry[model_id].kind, "state": pool.state_of(model_id),
-                             "pinned": model_id in pool.pinned}
-    if profile is not None:
-        extra["profile_of"] = model_id
-    if supervisor is not None and supervisor.ready is not None:
-        extra["context_length"] = supervisor.ready.context_length
-    return model_card(name, pool.created, **extra)
-
-
-async def list_models(request: Request) -> Response:
-    pool = _pool(request)
-    profiles = sorted(pool.config.profiles)
-    names = [*pool.models, *(p for p in profiles if p not in pool.registry)]
-    return JSONResponse({"object": "list", "data": [_card(pool, m) for m in names]})
-
-
-async def get_model(request: Request) -> Response:
-    return JSONResponse(_card(_pool(request), request.path_params["model_id"]))
-
-
-# ---------------------------------------------------------------- completions
-
-
-async def chat_completions(request: Request) -> Response:
-    return await _complete(request, parse_chat_request)
-
-
-async def completions(request: Request) -> Response:
-    return await _complete(request, parse_completion_request)
-
-
-async def _complete(request: Request, parse: Callable[[dict[str, Any]], ParsedRequest]) -> Response:
-    # parse, resolve and validate before anything expensive: a bad body never loads a model
-    body = parse_json_body(await request.body())
-    name = body.get("model")
-    if not isinstance(name, str) or not name:
-        parse(body)  # raises the 400 naming `model`
-    _, profile = _pool(request).resolve(name)
-    parsed = parse(body, profile) if profile is not None else parse(body)
-    supervisor, _ = await _pool(request).acquire(name)
-    if supervisor.ready is not None:
-        check_against_model(parsed, supervisor.ready)
-    stream = supervisor.open_request(parsed.add)
-    stream.model = supervisor.model_id
-    stream.user_agent = request.headers.get("user-agent", "")
-    stream.on_finish = functools.partial(_pool(request).record_finish, supervisor.model_id)
+async def respond(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
+    """An SSE stream if the client asked for one, else the whole answer as one body."""
     if parsed.stream:
         return await _start_event_stream(request, parsed, stream)
-    try:
-        return await _answer_whole(request, parsed, stream)
-    except BaseException:
-        stream.abort()
-        raise
+    return await _answer_whole(request, parsed, stream)
 
 
 async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
@@ -146,12 +45,11 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
         if isinstance(event, TokenEvent):
             texts.append(event.text)
         elif isinstance(event, FinishEvent):
-            _log_finish(parsed, stream, event)
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
                                                 "".join(texts), event.finish_reason, event.usage,
                                                 event.timings))
         elif isinstance(event, ErrorEvent):
-            raise _error_from_event(event)
+            raise event.to_error()
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -223,7 +121,7 @@ async def _start_event_stream(request: Request, parsed: ParsedRequest, stream: R
         stream.abort()
         raise
     if isinstance(first, ErrorEvent):
-        raise _error_from_event(first)
+        raise first.to_error()
     return EventStreamResponse(_events(parsed, stream, first, keepalive_s), on_close=stream.abort)
 
 
@@ -250,7 +148,6 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 yield sse_data(stream_chunk(kind, rid, model, created, text=event.text, include_usage=include_usage))
                 timer.wrote()
             elif isinstance(event, FinishEvent):
-                _log_finish(parsed, stream, event)
                 last = stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
                                     finish_reason=event.finish_reason, include_usage=include_usage)
                 last["mlxd"] = timings_extension(event.timings, event.usage)
@@ -260,7 +157,7 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 yield DONE
                 return
             elif isinstance(event, ErrorEvent):
-                yield sse_data(request_error_body(_error_from_event(event)))
+                yield sse_data(request_error_body(event.to_error()))
                 return
             elif isinstance(event, ProgressEvent):
                 yield sse_data(progress_chunk(kind, rid, model, created, event.processed_tokens, event.total_tokens))

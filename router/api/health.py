@@ -1,0 +1,21 @@
+"""GET /health: whether every worker (and the kvstore) is up, for probes and people."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from router.pool import WorkerPool
+from router.web_guard import holds_key, states_only
+
+
+async def health(request: Request) -> Response:
+    """200 when every worker is ready, else 503 with the same body (status "degraded").
+
+    Open to probes without the API key, but then only states: pids, paths and error text
+    tell an outsider about the machine and are for whoever holds the key."""
+    pool: WorkerPool = request.app.state.pool
+    body = pool.health()
+    if not holds_key(request.headers, request.app.state.config.api_key):
+        body = states_only(body)
+    return JSONResponse(body, status_code=200 if pool.is_healthy() else 503)

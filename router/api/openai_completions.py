@@ -1,0 +1,63 @@
+"""POST /v1/completions: a raw prompt (text or token ids) in, OpenAI text completions out."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from protocol.messages import AddRequest
+from router.api import openai_answers
+from router.api.openai_common import cache_salt, stream_flags, wants_progress
+from router.profiles import Profile, apply_profile
+from router.requests import Dialect, handle, model_name
+from router.validation import MAX_TOKEN_ID, ParsedRequest, bad, is_int, parse_sampling, short
+from starlette.requests import Request
+from starlette.responses import Response
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
+        if not all(0 <= t <= MAX_TOKEN_ID for t in prompt):
+            raise bad("prompt", "'prompt' token ids must be non-negative")
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad("prompt", "only one prompt per request is supported")
+    raise bad("prompt", "'prompt' is required: a string, a list of one string, or a list of token ids")
+
+
+def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest:
+    """The completions body -> what to send the worker.
+
+    A `profile` works as for chat, except that its system prompt is ignored: a raw prompt
+    has no roles to put it in.
+    """
+    if profile is not None:
+        body = apply_profile(body, profile, "text")
+    limit = profile.context_limit if profile is not None else None
+    stream, include_usage = stream_flags(body)
+    if body.get("echo"):
+        raise bad("echo", "'echo' is not supported yet")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise bad("best_of", f"'best_of' must be 1, got {short(best_of)}")
+    add = AddRequest(
+        request_id=f"cmpl-{uuid.uuid4().hex}",
+        prompt=_prompt(body),
+        sampling=parse_sampling(body),
+        cache_salt=cache_salt(body),
+        want_progress=wants_progress(body),
+        context_limit=limit,
+    )
+    return ParsedRequest("text", model_name(body), add, stream, include_usage, limit)
+
+
+DIALECT = Dialect(parse=parse, respond=openai_answers.respond)
+
+
+async def completions(request: Request) -> Response:
+    return await handle(request, DIALECT)

@@ -1,0 +1,75 @@
+"""The one path every API request takes: parse -> resolve -> validate -> acquire -> forward.
+
+A dialect (`router.api.*`) contributes only two translations: its body into the internal
+request (`ParsedRequest`), and the worker's events back into its wire format. Everything
+between is here, in this order, so that a bad body costs nothing: it is refused before any
+model is loaded, and a request the model cannot take is refused before it is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from protocol.messages import FinishEvent
+from router.json_body import parse_json_body
+from router.pool import WorkerPool
+from router.profiles import Profile
+from router.validation import ParsedRequest, bad, check_against_model
+from router.worker_client import RequestStream
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one API adds to the request path: `parse` (its body, and the profile the model
+    name selected, into the internal request) and `respond` (the events into its answer)."""
+
+    parse: Callable[[dict[str, Any], Profile | None], ParsedRequest]
+    respond: Callable[[Request, ParsedRequest, RequestStream], Awaitable[Response]]
+
+
+def model_name(body: dict[str, Any]) -> str:
+    """The requested `model`, as the client spelled it (`MODEL`, `MODEL:PROFILE` or an
+    alias); the only place a body's model name is read."""
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise bad("model", "'model' is required and must be a string")
+    return name
+
+
+async def handle(request: Request, dialect: Dialect) -> Response:
+    """Serve one API request through `dialect`."""
+    pool: WorkerPool = request.app.state.pool
+    body = parse_json_body(await request.body())
+    model_id, profile = pool.resolve(model_name(body))
+    parsed = dialect.parse(body, profile)
+    supervisor = await pool.acquire(model_id)
+    if supervisor.ready is not None:
+        check_against_model(parsed, supervisor.ready)
+    stream = supervisor.open_request(parsed.add)
+    stream.model = model_id
+    stream.user_agent = request.headers.get("user-agent", "")
+    stream.on_finish = _on_finish(pool, model_id, parsed)
+    try:
+        return await dialect.respond(request, parsed, stream)
+    except BaseException:
+        stream.abort()  # no answer will read it: free its slot (a no-op once it finished)
+        raise
+
+
+def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest) -> Callable[[FinishEvent], None]:
+    def finished(event: FinishEvent) -> None:
+        pool.record_finish(model_id, event)
+        u, t = event.usage, event.timings
+        logger.info("%s %s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
+                    parsed.model, parsed.add.request_id, event.finish_reason, u.prompt_tokens,
+                    u.completion_tokens, u.cached_tokens, t.ttft_s, t.decode_tokens_per_s)
+
+    return finished
