@@ -34,7 +34,7 @@ def _rate(values: list[float]) -> float | None:
 def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]:
     entry = pool.registry[model_id]
     supervisor = pool.supervisors.get(model_id)
-    pid = supervisor.child.pid if supervisor and supervisor.child and supervisor.child.alive() else None
+    pid = supervisor.pid if supervisor else None
     worker_stats = (supervisor.last_pong.stats if supervisor and supervisor.last_pong else {}) or {}
     ttl = pool.ttl_s(model_id)
     last_used = pool.last_used.get(model_id)
@@ -156,13 +156,13 @@ async def restart_worker(request: Request) -> Response:
     new worker is ready."""
     pool = _pool(request)
     supervisor = pool.get(request.path_params["model_id"])
-    old_pid = supervisor.child.pid if supervisor.child is not None else None
+    old_pid = supervisor.pid
     started = time.monotonic()
     await supervisor.restart()
     return JSONResponse({
         "model": supervisor.model_id,
         "old_pid": old_pid,
-        "pid": supervisor.child.pid if supervisor.child is not None else None,
+        "pid": supervisor.pid,
         "state": supervisor.state,
         "restart_s": round(time.monotonic() - started, 3),
     })

@@ -83,6 +83,11 @@ class ChildProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def live_pid(self) -> int | None:
+        """Its pid while it runs; None once it has exited (a pid may be reused after)."""
+        return self.pid if self.alive() else None
+
     async def output_tail(self, num_lines: int = 20, wait_s: float = 1.0) -> str:
         """The last lines it printed; waits briefly for output still in the pipe."""
         await asyncio.to_thread(self._reader.join, wait_s)

@@ -181,7 +181,7 @@ class KVStoreSupervisor:
     def health(self) -> dict[str, Any]:
         return {
             "state": self.state,
-            "pid": self.child.pid if self.child is not None and self.child.alive() else None,
+            "pid": self.child.live_pid if self.child is not None else None,
             "restarts": self.num_restarts,
             "last_error": self.last_error,
             # seconds since the running kvstore last answered a ping (None: none is running)

@@ -192,7 +192,7 @@ class WorkerPool:
 
     @staticmethod
     def rss_bytes(supervisor: WorkerSupervisor) -> int:
-        pid = supervisor.child.pid if supervisor.child is not None and supervisor.child.alive() else None
+        pid = supervisor.pid
         if pid is None:
             return 0
         try:

@@ -1,6 +1,6 @@
 """Supervision of one model's worker process: spawn, handshake, watch, ping, restart, stop.
 
-Health has two layers (see DESIGN.md): the process's exit is seen at once, and a worker
+Health has two layers (docs/architecture.md): the process's exit is seen at once, and a worker
 that stops answering pings for `ping_timeout_s` is killed as hung. Either way its
 in-flight requests fail immediately and it is restarted with exponential backoff.
 """
@@ -95,6 +95,11 @@ class WorkerSupervisor:
             raise WorkerDead(self.unavailable_reason())
         return self.client.open_request(self.identity, add)
 
+    @property
+    def pid(self) -> int | None:
+        """The running worker's pid, None while there is none."""
+        return self.child.live_pid if self.child is not None else None
+
     def unavailable_reason(self) -> str:
         if self.state == "loading":
             return f"model '{self.model_id}' is still loading; retry shortly"
@@ -106,7 +111,7 @@ class WorkerSupervisor:
     def health(self) -> dict[str, Any]:
         info: dict[str, Any] = {
             "state": self.state,
-            "pid": self.child.pid if self.child is not None and not self.child.exited.done() else None,
+            "pid": self.pid,
             "restarts": self.num_restarts,
             "last_error": self.last_error,
         }

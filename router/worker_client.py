@@ -17,7 +17,6 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 
 import zmq
 import zmq.asyncio
@@ -50,9 +49,7 @@ class RequestStream:
 
     Invariants: after a `FinishEvent`/`ErrorEvent` or a failure the stream is `finished`
     and unregistered, so nothing more is delivered; `WorkerDead` is raised to the reader
-    only after every event that arrived before the failure has been read. Used as a
-    context manager: leaving it unfinished (client gone, error) aborts the request at
-    the worker.
+    only after every event that arrived before the failure has been read.
     """
 
     def __init__(self, client: WorkerClient, identity: bytes, request_id: str) -> None:
@@ -114,13 +111,6 @@ class RequestStream:
         self.finished = True
         self.client.forget(self)
         self.client.post(self.identity, AbortRequest(request_id=self.request_id))
-
-    def __enter__(self) -> RequestStream:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.abort()
 
 
 class WorkerClient:
