@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvstore.namespaces import NamespaceTable, sync_directory
+from kvstore.namespaces import NamespaceTable
 from kvstore.segments import CorruptRecord, read_header, scan_segment
+from protocol.atomic_files import atomic_replace
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +81,9 @@ class IndexTable:
     @classmethod
     def create(cls, path: Path, capacity: int = INITIAL_CAPACITY, generation: int = 0) -> IndexTable:
         """An empty table replacing whatever is at `path`."""
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as file:
+        with atomic_replace(path) as temp, open(temp, "wb") as file:
             file.write(_pack_header(capacity, 0, generation, clean=True))
             file.truncate(HEADER_BYTES + capacity * SLOT_BYTES)  # zeros: every slot EMPTY
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-        sync_directory(path.parent)
         table = cls(path)
         table._free = list(range(capacity - 1, -1, -1))
         return table
@@ -199,17 +195,12 @@ class IndexTable:
     def grow(self) -> None:
         """Rebuild into a file with twice the slots; slot numbers stay the same."""
         new_capacity = self.capacity * 2
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as file:
+        with atomic_replace(self.path) as temp, open(temp, "wb") as file:
             file.write(_pack_header(new_capacity, len(self._slots), self.generation, clean=False))
             file.write(self._mm[HEADER_BYTES:])
             file.truncate(HEADER_BYTES + new_capacity * SLOT_BYTES)
-            file.flush()
-            os.fsync(file.fileno())
         self._mm.close()
         self._file.close()
-        os.replace(tmp, self.path)
-        sync_directory(self.path.parent)
         self._file = open(self.path, "r+b")
         self._mm = mmap.mmap(self._file.fileno(), 0)
         self._free = list(range(new_capacity - 1, self.capacity - 1, -1)) + self._free

@@ -8,32 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
+
+from protocol.atomic_files import write_atomically
 
 log = logging.getLogger(__name__)
 
 _VERSION = 1
 MAX_NAMESPACE_ID = 0xFFFF  # the index stores ids as u16; 0 is never used
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so a crash leaves either the old or the new file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    sync_directory(path.parent)
-
-
-def sync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class NamespaceTable:

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import lz4.block
 
+from protocol.block_keys import KEY_BYTES
+
 MAGIC = b"KVR\x01"
 RECORD_VERSION = 1
 # magic, version, compression, namespace length, key, stored payload length, raw payload
 # length, payload CRC32, header CRC32 (of the preceding fields and the namespace bytes)
 HEADER = struct.Struct("<4sBBH16sIIII")
 HEADER_BYTES = HEADER.size
-KEY_BYTES = 16
 MAX_PAYLOAD_BYTES = 0xFFFF_FFFF
 
 COMPRESSION_NONE = 0

@@ -12,23 +12,17 @@ import stat
 import threading
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
-from kvstore.eviction import LRUOrder, ReclaimStep, SegmentUsage, plan_reclaim
+from kvstore.counters import NamespaceStats, StoreCounters
+from kvstore.eviction import LRUOrder, SegmentUsage
 from kvstore.index import IndexRecord, IndexTable, open_index
-from kvstore.namespaces import NamespaceTable, sync_directory
-from kvstore.segments import (
-    KEY_BYTES,
-    CorruptRecord,
-    SegmentWriter,
-    encode_record,
-    list_segments,
-    read_raw_record,
-    read_record,
-    scan_segment,
-    segment_path,
-)
+from kvstore.namespaces import NamespaceTable
+from kvstore.segments import CorruptRecord, SegmentWriter, encode_record, list_segments, read_record, scan_segment
+from kvstore.space import SpaceKeeper
+from protocol.atomic_files import TEMP_SUFFIX, sync_directory
+from protocol.block_keys import KEY_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -49,36 +43,14 @@ def make_private(root: Path) -> None:
                 os.chmod(path, private)
 
 
-@dataclass
-class StoreCounters:
-    hits: int = 0
-    misses: int = 0
-    puts: int = 0  # blocks written
-    duplicates: int = 0  # puts of a key already stored (last use refreshed)
-    dropped: int = 0  # puts refused: bigger than a cap allows
-    corrupt: int = 0  # records found damaged on read or compaction (then dropped)
-    evictions: int = 0
-    compactions: int = 0
-    segments_deleted: int = 0
-
-
-@dataclass
-class _NamespaceStats:
-    bytes: int = 0  # live record bytes on disk (headers included, after compression)
-    blocks: int = 0
-    hits: int = 0
-    misses: int = 0
-
-
-class KVStore:
+class KVStore(SpaceKeeper):
     """The cold tier on one directory (see DESIGN.md, "Cold tier").
 
     Invariants:
     - a get returns the exact bytes put, or None: every read checks the record's CRCs, key
       and namespace, and a damaged record is dropped from the index;
-    - bytes under `root` (segments, index.bin, namespaces.json) stay within
-      `max_disk_bytes`, plus at most half a segment while a compaction copies records;
-    - `_usage[n]` mirrors segment file n: its size, live record bytes and live slots.
+    - the bytes on disk stay within the caps (`SpaceKeeper`, in `kvstore.space`, keeps
+      them there and states how).
     Mutations (put, clear, flush, close) come from one thread at a time; get, lookup and
     stats may run concurrently from another.
     """
@@ -111,7 +83,7 @@ class KVStore:
     # ------------------------------------------------------------ open / close
 
     def _open(self) -> None:
-        for leftover in self.root.glob("*.tmp"):  # an atomic rewrite cut short by a crash
+        for leftover in self.root.glob(f"*{TEMP_SUFFIX}"):  # an atomic rewrite cut short by a crash
             leftover.unlink()
         segments = list_segments(self._segments_dir)
         last = max(segments, default=0)
@@ -123,13 +95,13 @@ class KVStore:
         self._index, self._namespaces, self.open_report = open_index(self.root / "index.bin", namespaces, segments)
         self._usage = {number: SegmentUsage(size=path.stat().st_size) for number, path in segments.items()}
         self._lru = LRUOrder()
-        self._ns_stats: defaultdict[int, _NamespaceStats] = defaultdict(_NamespaceStats)
+        self._ns_stats = defaultdict(NamespaceStats)
         self._clock = 0
         for slot, record in sorted(self._index.live(), key=lambda item: item[1].last_use):
             self._track(slot, record)
             self._clock = record.last_use
-        self._readers: dict[int, int] = {}
-        self._unsynced: set[int] = set()
+        self._readers = {}
+        self._unsynced = set()
         if last and self._usage[last].size < self.segment_bytes:
             self._writer = SegmentWriter(segments[last], last)
         else:
@@ -153,10 +125,7 @@ class KVStore:
         with self._lock:
             self._closed = True
             self._index.close(clean=True)
-            self._writer.close()
-            for fd in self._readers.values():
-                os.close(fd)
-            self._readers.clear()
+            self._close_segments()
 
     def __enter__(self) -> KVStore:
         return self
@@ -263,17 +232,13 @@ class KVStore:
             slots = self._lru.slots(namespace_id)
             for slot in slots:
                 self._drop(slot)
-            while (step := plan_reclaim(self._usage, self._writer.number)) is not None:
-                self._reclaim(step)
+            self._reclaim_all()
             log.info("cleared %d blocks of %r", len(slots), namespace)
             return len(slots)
 
     def _clear_all(self) -> int:
         num_removed = len(self._index)
-        self._writer.close()
-        for fd in self._readers.values():
-            os.close(fd)
-        self._readers.clear()
+        self._close_segments()
         for path in list_segments(self._segments_dir).values():
             path.unlink()
         next_segment = self._writer.number + 1
@@ -310,127 +275,7 @@ class KVStore:
         sync_directory(self._segments_dir)
         sync_directory(self.root)
 
-    # ------------------------------------------------------------ space
-
-    @property
-    def disk_bytes(self) -> int:
-        segments = sum(usage.size for usage in self._usage.values())
-        return segments + self._index.file_bytes + self._namespaces.file_bytes
-
-    def _make_room(self, namespace_id: int | None, namespace: str, size: int) -> bool:
-        """Evict (and reclaim segments) until a record of `size` fits every cap."""
-        cap = self._namespace_caps.get(namespace)
-        if namespace_id is not None and cap is not None:
-            if size > cap:
-                return False
-            while self._ns_stats[namespace_id].bytes + size > cap:
-                victim = self._lru.oldest(namespace_id)
-                if victim is None:
-                    break
-                self._evict(victim)
-        if self._index.file_bytes + self._namespaces.file_bytes + size > self.max_disk_bytes:
-            return False
-        while self.disk_bytes + size > self.max_disk_bytes:
-            victim = self._lru.oldest()
-            spare = self._index.record(victim).segment if victim is not None else None
-            step = plan_reclaim(self._usage, self._writer.number, spare=spare)
-            if step is not None:
-                self._reclaim(step)
-            elif victim is not None:
-                self._evict(victim)
-            else:
-                return False
-        return True
-
-    def _reclaim(self, step: ReclaimStep) -> None:
-        if step.action == "delete":
-            self._delete_segment(step.segment)
-        elif step.action == "compact":
-            self._compact(step.segment)
-        else:
-            self._roll()
-
-    def _compact(self, number: int) -> None:
-        """Copy the live records of sealed segment `number` forward, then delete it."""
-        usage = self._usage[number]
-        fd = self._reader(number)
-        for slot in sorted(usage.slots, key=lambda s: self._index.record(s).offset):
-            record = self._index.record(slot)
-            try:
-                header, data = read_raw_record(fd, record.offset, record.length)
-                if header.key != record.key:
-                    raise CorruptRecord("key does not match the index")
-            except (CorruptRecord, OSError) as exc:
-                log.warning("segment %d: damaged record at %d (%s); dropped", number, record.offset, exc)
-                self.counters.corrupt += 1
-                self._drop(slot)
-                continue
-            segment, offset = self._append(data)
-            self._index.update(slot, replace(record, segment=segment, offset=offset))
-            usage.live_bytes -= record.length
-            usage.slots.discard(slot)
-            moved = self._usage[segment]
-            moved.live_bytes += record.length
-            moved.slots.add(slot)
-        self.counters.compactions += 1
-        self._delete_segment(number)
-
-    def _append(self, record: bytes) -> tuple[int, int]:
-        if self._writer.size and self._writer.size + len(record) > self.segment_bytes:
-            self._roll()
-        offset = self._writer.append(record)
-        self._usage[self._writer.number].size += len(record)
-        self._unsynced.add(self._writer.number)
-        return self._writer.number, offset
-
-    def _roll(self) -> None:
-        self._writer.close()
-        self._start_segment(self._writer.number + 1)
-
-    def _start_segment(self, number: int) -> None:
-        self._writer = SegmentWriter(segment_path(self._segments_dir, number), number)
-        self._usage[number] = SegmentUsage(size=self._writer.size)
-
-    def _delete_segment(self, number: int) -> None:
-        assert number != self._writer.number, "the active segment is rolled, never deleted"
-        fd = self._readers.pop(number, None)
-        if fd is not None:
-            os.close(fd)
-        segment_path(self._segments_dir, number).unlink(missing_ok=True)
-        del self._usage[number]
-        self._unsynced.discard(number)
-        self.counters.segments_deleted += 1
-
-    def _reader(self, number: int) -> int:
-        fd = self._readers.get(number)
-        if fd is None:
-            fd = self._readers[number] = os.open(segment_path(self._segments_dir, number), os.O_RDONLY)
-        return fd
-
-    # ------------------------------------------------------------ bookkeeping
-
-    def _track(self, slot: int, record: IndexRecord) -> None:
-        self._lru.add(slot, record.namespace_id, record.last_use)
-        usage = self._usage[record.segment]
-        usage.live_bytes += record.length
-        usage.slots.add(slot)
-        stats = self._ns_stats[record.namespace_id]
-        stats.bytes += record.length
-        stats.blocks += 1
-
-    def _drop(self, slot: int) -> None:
-        record = self._index.remove(slot)
-        self._lru.remove(slot, record.namespace_id)
-        usage = self._usage[record.segment]
-        usage.live_bytes -= record.length
-        usage.slots.discard(slot)
-        stats = self._ns_stats[record.namespace_id]
-        stats.bytes -= record.length
-        stats.blocks -= 1
-
-    def _evict(self, slot: int) -> None:
-        self._drop(slot)
-        self.counters.evictions += 1
+    # ------------------------------------------------------------ recency
 
     def _touch(self, slot: int, namespace_id: int) -> None:
         self._clock += 1

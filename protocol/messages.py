@@ -35,6 +35,9 @@ class Message:
 # ---------------------------------------------------------------- handshake
 
 
+WORKER_ROLE = "worker"  # the Hello.role a worker sends and its supervisor expects
+
+
 @dataclass
 class Hello(Message):
     """Child -> parent, first message: who I am and which protocol I speak."""

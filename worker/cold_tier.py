@@ -51,7 +51,6 @@ class _Flush:
 @dataclass
 class ColdTierStats:
     fetched_blocks: int = 0
-    fetch_bytes: int = 0
     fetch_s: float = 0.0
     queued_blocks: int = 0
     dropped_blocks: int = 0
@@ -117,7 +116,6 @@ class ColdTier:
             started = time.perf_counter()
             run = self._read_stream(list(keys))
             self.stats.fetch_s += time.perf_counter() - started
-            self.stats.fetch_bytes += sum(len(block) for block in run)
             return run
 
     def _read_stream(self, keys: list[BlockKey]) -> list[memoryview]:

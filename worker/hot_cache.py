@@ -20,7 +20,6 @@ class HotCacheStats:
     misses: int = 0
     inserts: int = 0
     evictions: int = 0
-    rejected: int = 0
 
 
 class HotCache:
@@ -65,7 +64,6 @@ class HotCache:
             self._entries.move_to_end(key)
             return True
         if nbytes > self.budget_bytes:
-            self.stats.rejected += 1
             return False
         while self.used_bytes + nbytes > self.budget_bytes:
             _, (_, evicted_bytes) = self._entries.popitem(last=False)
@@ -75,7 +73,3 @@ class HotCache:
         self.used_bytes += nbytes
         self.stats.inserts += 1
         return True
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.used_bytes = 0

@@ -21,7 +21,7 @@ from typing import Any
 import mlx.nn as nn
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
-from worker.cold_tier import ColdTier
+from worker.cold_tier import ColdTier, ColdTierStats
 from worker.hot_cache import HotCache
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
 
@@ -243,13 +243,18 @@ class PrefixCache:
             entries.append((tail, key))
             del entries[:-_TAILS_PER_PARENT]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
+        """The hot tier's and the cold tier's counters, sent with every pong."""
         s = self.hot.stats
-        cold = self.cold.stats if self.cold is not None else None
+        cold = self.cold.stats if self.cold is not None else ColdTierStats()
         return {
-            "ssd_fetched_blocks": cold.fetched_blocks if cold else 0,
-            "ssd_queued_blocks": cold.queued_blocks if cold else 0,
-            "ssd_dropped_blocks": cold.dropped_blocks if cold else 0,
+            "ssd_fetched_blocks": cold.fetched_blocks,
+            "ssd_fetch_s": cold.fetch_s,
+            "ssd_corrupt_blocks": cold.corrupt_blocks,
+            "ssd_read_timeouts": cold.read_timeouts,
+            "ssd_skipped_fetches": cold.skipped_fetches,
+            "ssd_queued_blocks": cold.queued_blocks,
+            "ssd_dropped_blocks": cold.dropped_blocks,
             "ssd_write_queue": self.cold.queue_depth() if self.cold else 0,
             "hot_bytes": self.hot.used_bytes,
             "hot_budget_bytes": self.hot.budget_bytes,

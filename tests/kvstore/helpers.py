@@ -11,6 +11,7 @@ from pathlib import Path
 
 import zmq
 
+from protocol.block_keys import KEY_BYTES
 from protocol.codec import decode, encode
 from protocol.messages import KVPut, Message
 from protocol.sockets import ipc_address, make_socket
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def key(i: int, salt: str = "") -> bytes:
-    return hashlib.blake2b(f"{salt}{i}".encode(), digest_size=16).digest()
+    return hashlib.blake2b(f"{salt}{i}".encode(), digest_size=KEY_BYTES).digest()
 
 
 def payload(i: int, size: int = 4096) -> bytes:
