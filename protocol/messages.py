@@ -116,8 +116,8 @@ class Pong(Message):
     type: ClassVar[str] = "pong"
     nonce: int
     sent_at: float
-    num_running: int = 0
-    num_waiting: int = 0
+    num_running: int = 0  # sequences in the engine (queued, prefilling or decoding)
+    num_tokenizing: int = 0  # prompts on the worker's tokenizer thread, not yet in the engine
     stats: dict[str, Any] = field(default_factory=dict)  # memory and cache counters for /admin/status
 
 

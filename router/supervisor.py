@@ -18,6 +18,7 @@ from typing import Any
 from protocol.errors import WorkerDead
 from protocol.messages import (
     PROTOCOL_VERSION,
+    WORKER_ROLE,
     AddRequest,
     Hello,
     Message,
@@ -124,6 +125,7 @@ class WorkerSupervisor:
             info["num_requests"] = self.client.num_open_requests(self.identity)
         if self.last_pong is not None and self.state == "ready":
             info["worker_active"] = self.last_pong.num_running
+            info["worker_tokenizing"] = self.last_pong.num_tokenizing
         return info
 
     async def restart(self) -> None:
@@ -310,6 +312,8 @@ class WorkerSupervisor:
             raise WorkerStartupError(
                 f"worker speaks protocol version {hello.protocol_version}, the router "
                 f"{PROTOCOL_VERSION}: the installation is inconsistent, reinstall mlxd")
+        if hello.role != WORKER_ROLE:
+            raise WorkerStartupError(f"a {hello.role!r} process answered on the worker socket, not a worker")
         self.client.post(self.identity, self._worker_config())
         while True:
             message = await self._next_control(deadline)
