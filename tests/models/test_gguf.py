@@ -18,10 +18,9 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 from mlx_lm.utils import load_model
 
-from worker import provision
-from worker.gguf import convert_gguf
-from worker.gguf_tensors import raw_rows, repack_native
-from worker.gguf_tokenizer import build_tokenizer
+from models.gguf import convert_gguf
+from models.gguf_tensors import raw_rows, repack_native
+from models.gguf_tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 NUM_LAYERS = 2
@@ -361,9 +360,9 @@ def test_mixed_bit_widths_get_per_module_quantization(tmp_path: Path) -> None:
 
 
 def test_large_models_are_sharded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import worker.gguf
+    import models.gguf
 
-    monkeypatch.setattr(worker.gguf, "MAX_SHARD_BYTES", 40_000)
+    monkeypatch.setattr(models.gguf, "MAX_SHARD_BYTES", 40_000)
     src = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", Q.Q4_0)
     dest = convert_gguf(src, tmp_path / "model")
     shards = sorted(p.name for p in dest.glob("model-*.safetensors"))
@@ -469,7 +468,7 @@ def test_cli_converts_and_reports_progress(tmp_path: Path) -> None:
     src = write_tiny_gguf(tmp_path / "m.gguf", "qwen2", Q.Q4_0)
     dest = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "worker.gguf", str(src), str(dest), "--dtype", "float32"],
+        [sys.executable, "-m", "models.gguf", str(src), str(dest), "--dtype", "float32"],
         capture_output=True, text=True, cwd=REPO, check=True,
     )
     assert result.stdout.strip().splitlines()[-1] == str(dest)
@@ -481,54 +480,10 @@ def test_cli_converts_and_reports_progress(tmp_path: Path) -> None:
 def test_cli_reports_errors_with_exit_code_2(tmp_path: Path) -> None:
     src = write_tiny_gguf(tmp_path / "m.gguf", "falcon", Q.F32)
     result = subprocess.run(
-        [sys.executable, "-m", "worker.gguf", str(src), str(tmp_path / "out")],
+        [sys.executable, "-m", "models.gguf", str(src), str(tmp_path / "out")],
         capture_output=True, text=True, cwd=REPO,
     )
     assert result.returncode == 2 and "'falcon'" in result.stderr and not result.stdout
-
-
-def test_provision_replaces_an_unmarked_dir_and_then_returns_at_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    src = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", Q.Q4_1)
-    monkeypatch.setenv(provision.GGUF_ENV, str(src))
-    home = tmp_path / "home"
-    stale = provision.model_dir(home)
-    stale.mkdir(parents=True)
-    (stale / "config.json").write_text("{}")  # left by an interrupted older run
-
-    path = provision.provision_default_model(home)
-    assert path == stale
-    marker = json.loads((path / provision.MARKER).read_text())
-    assert marker["source_sha256"] == provision.sha256_of(src)
-    load_model(path)
-    assert [p.name for p in path.parent.iterdir()] == [path.name]
-
-    def must_not_run(*args: object, **kwargs: object) -> Path:
-        raise AssertionError("a provisioned home was converted again")
-
-    monkeypatch.setattr(provision, "convert_gguf", must_not_run)
-    assert provision.provision_default_model(home) == path
-
-
-def test_interrupted_provision_leaves_nothing_that_looks_complete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    src = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", Q.Q8_0)
-    monkeypatch.setenv(provision.GGUF_ENV, str(src))
-    home = tmp_path / "home"
-    real_convert = provision.convert_gguf
-
-    def interrupted(source: Path, dest: Path, **kwargs: object) -> Path:
-        real_convert(source, dest, **kwargs)
-        raise KeyboardInterrupt  # after the weights, before the marker
-
-    monkeypatch.setattr(provision, "convert_gguf", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        provision.provision_default_model(home)
-    assert list((home / "models").iterdir()) == []
-    monkeypatch.setattr(provision, "convert_gguf", real_convert)
-    assert (provision.provision_default_model(home) / provision.MARKER).is_file()
 
 
 @pytest.mark.parametrize(

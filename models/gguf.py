@@ -1,4 +1,4 @@
-"""Convert a GGUF file into an mlx-lm model directory (`python -m worker.gguf SRC DEST`).
+"""Convert a GGUF file into an mlx-lm model directory (`python -m models.gguf SRC DEST`).
 
 Owns the architecture checks, config.json from GGUF metadata, the weight files and the
 atomic write of the directory; tensors and tokenizer live in gguf_tensors/gguf_tokenizer.
@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGUFReader
 
-from worker.gguf_tensors import (
+from models.gguf_tensors import (
     DTYPES,
     GROUP_SIZE,
     check_tensor_type,
@@ -31,7 +31,7 @@ from worker.gguf_tensors import (
     logical_shape,
     mlx_name,
 )
-from worker.gguf_tokenizer import end_of_generation_ids, tokenizer_files
+from models.gguf_tokenizer import end_of_generation_ids, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ def convert_gguf(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: progress on stderr, the destination directory as the last stdout line."""
-    parser = argparse.ArgumentParser(prog="python -m worker.gguf", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m models.gguf", description=__doc__)
     parser.add_argument("src", type=Path, help="GGUF file to convert")
     parser.add_argument("dest", type=Path, help="model directory to create")
     parser.add_argument("--dtype", default="native", choices=["native", *DTYPES])

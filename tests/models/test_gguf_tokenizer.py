@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.worker.test_gguf import byte_alphabet
-from worker.gguf import read_metadata
-from worker.provision import default_gguf
+from tests.models.test_gguf import byte_alphabet
+from models.gguf import read_metadata
+from models.provision import default_gguf
 
 TEXTS = {
     "ascii": "Hello, world! The quick brown fox jumps over the lazy dog.",

@@ -1,0 +1,85 @@
+"""One admitted request's life inside the engine: its prompt, its stream state, and the
+timestamps its finish reports (`Timings`, `Usage`) are computed from."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from protocol.messages import Timings, Usage
+from worker.detokenizer import IncrementalDetokenizer
+from worker.prefix_cache import PrefixPlan
+from worker.stop_strings import StopStringFilter
+
+
+@dataclass
+class ActiveRequest:
+    """A request from admission to its terminal event.
+
+    `uid` is the BatchGenerator's id for it, -1 while the generator does not hold it (a
+    prefix hit that ends with its first token never joins the batch). Timestamps are
+    `time.perf_counter()` values; `created_at` is when the request reached the worker,
+    so the TTFT it reports counts tokenizing and the cache lookup too.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    detokenizer: IncrementalDetokenizer
+    stop_filter: StopStringFilter
+    want_progress: bool
+    plan: PrefixPlan
+    uid: int = -1
+    cached_tokens: int = 0
+    created_at: float = field(default_factory=time.perf_counter)
+    prefill_started_at: float | None = None
+    first_token_at: float | None = None
+    early_token: int | None = None  # sent before BatchGenerator reported it
+    generator_max_tokens: int = 0  # what BatchGenerator still generates for it
+    num_generated: int = 0
+
+    def mark_prefill_started(self, at: float) -> None:
+        """Record the first prefill step that ran this prompt (later ones change nothing)."""
+        if self.prefill_started_at is None:
+            self.prefill_started_at = at
+
+    def mark_first_token(self, at: float) -> None:
+        """Record the first token; a request that never prefilled (its whole prompt was
+        cached) counts no queue time and no prefill time."""
+        if self.first_token_at is None:
+            self.first_token_at = at
+            self.mark_prefill_started(self.created_at)
+
+    def push_token(self, token: int) -> str:
+        """Count a generated token; the text it lets the client see now (the detokenizer
+        and the stop-string filter may hold some back)."""
+        self.num_generated += 1
+        return self.stop_filter.push(self.detokenizer.add(token))
+
+    def flush_text(self) -> str:
+        """At the finish: whatever text was held back."""
+        text = self.stop_filter.push(self.detokenizer.flush())
+        return text + self.stop_filter.flush()
+
+    def timings(self, now: float) -> Timings:
+        """Where the request's time went, as of its finish at `now`."""
+        first = self.first_token_at or now
+        started = self.prefill_started_at or self.created_at
+        decode_s = now - first
+        return Timings(
+            queue_s=started - self.created_at,
+            prefill_s=first - started,
+            ttft_s=first - self.created_at,
+            decode_s=decode_s,
+            decode_tokens_per_s=(self.num_generated - 1) / decode_s if decode_s > 0 else 0.0,
+            prompt_tokens_per_s=(
+                (len(self.prompt_ids) - self.cached_tokens) / (first - started)
+                if first > started else 0.0
+            ),
+            ssd_fetch_s=self.plan.ssd_fetch_s,
+        )
+
+    def usage(self, block_tokens: int) -> Usage:
+        """Token counts for the finish; SSD tokens are whole blocks of `block_tokens`."""
+        return Usage(len(self.prompt_ids), self.num_generated, self.cached_tokens,
+                     self.plan.ssd_blocks * block_tokens, self.plan.ssd_bytes)

@@ -1,0 +1,114 @@
+"""Admitting a request: its prompt as token ids, its limits and sampler checked, and the
+prefix cache's plan for it. Nothing here depends on the running batch; the engine then
+starts the admitted request in the batch (`Engine.add`: admit -> plan -> start)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.sample_utils import LogitsProcessor, Sampler
+
+from protocol.errors import RequestError
+from protocol.messages import AddRequest, WorkerConfig
+from protocol.prompt_bounds import check_prompt_fits
+from worker.prefix_cache import PrefixCache, PrefixPlan
+from worker.prompt_preparer import PreparedPrompt
+from worker.prompts import render_chat, render_completion
+from worker.request_limits import check_logit_bias, context_window, max_new_tokens
+from worker.sampling import make_request_processors, make_request_sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    """A request checked and ready to start: its prompt, its answer's length, and how
+    its tokens are drawn."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampler: Sampler
+    processors: list[LogitsProcessor]
+
+
+class Admitter:
+    """Turns an AddRequest into token ids, checked limits, a sampler and a prefix plan.
+
+    Holds no per-request state, so `prompt_ids` and `prepare` may run on the worker's
+    tokenizer thread while the engine loop admits other requests. Every refusal is a
+    RequestError naming what the client must change.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, context_length: int, max_token_chars: int,
+                 config: WorkerConfig, prefix_cache: PrefixCache) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._context_length = context_length
+        self._max_token_chars = max_token_chars
+        self._config = config
+        self._prefix_cache = prefix_cache
+
+    def check_room(self, request_id: str, running: Container[str], num_taken: int) -> None:
+        """Raise the 400 for an id already `running`, or the 503 when `num_taken` requests
+        (running, queued, or still being tokenized) fill every slot and the queue."""
+        if request_id in running:
+            raise RequestError(f"duplicate request id {request_id}")
+        limit = self._config.max_num_seqs + self._config.max_queue
+        if num_taken >= limit:
+            raise RequestError(
+                f"server busy: {num_taken} requests running or queued "
+                f"(max_num_seqs + max_queue = {limit}); retry shortly",
+                status=503, error_type="server_busy", code="queue_full",
+            )
+
+    def prompt_ids(self, request: AddRequest) -> list[int]:
+        """The request's prompt as token ids; a prompt whose text alone is too long for
+        the context window is refused before it is tokenized, since tokenizing megabytes
+        takes seconds."""
+        check_prompt_fits(request, context_window(request, self._context_length), self._max_token_chars)
+        if request.messages is not None:
+            ids = render_chat(self._tokenizer, request.messages, request.tools)
+        elif request.prompt is not None:
+            ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
+        else:
+            raise RequestError("either messages or prompt is required", param="messages")
+        if not ids:
+            raise RequestError("the prompt is empty", param="prompt")
+        return ids
+
+    def prepare(self, request: AddRequest) -> PreparedPrompt:
+        """Tokenize and read the prompt's cached blocks from SSD (the slow, thread-safe
+        part of admission, run ahead on the tokenizer thread)."""
+        prompt_ids = self.prompt_ids(request)
+        return PreparedPrompt(prompt_ids, self._prefix_cache.read_ahead(prompt_ids, request.cache_salt))
+
+    def admit(self, request: AddRequest, prepared: PreparedPrompt | None) -> Admission:
+        """Check everything the client controls; raises the RequestError to send back."""
+        prompt_ids = prepared.prompt_ids if prepared is not None else self.prompt_ids(request)
+        window = context_window(request, self._context_length)
+        max_tokens = max_new_tokens(request, len(prompt_ids), window, self._config.default_max_tokens)
+        check_logit_bias(request, self._vocab_size)
+        sampler = make_request_sampler(request.sampling, self._vocab_size)
+        processors = make_request_processors(request.sampling)
+        return Admission(prompt_ids, max_tokens, sampler, processors)
+
+    def plan(self, request: AddRequest, prompt_ids: list[int], prepared: PreparedPrompt | None) -> PrefixPlan:
+        """Look the prompt up in the prefix cache: how much of it is cached, and where."""
+        if prepared is None:
+            plan = self._prefix_cache.plan(prompt_ids, request.cache_salt)
+        else:  # what was not read ahead is not read now: the engine loop never waits for the disk
+            plan = self._prefix_cache.plan(prompt_ids, request.cache_salt, prepared.read_ahead, fetch=False)
+        if plan.ssd_blocks:
+            log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
+                     request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
+                     plan.ssd_bytes / 1e6 / plan.ssd_fetch_s if plan.ssd_fetch_s else 0.0)
+        if self._prefix_cache.enabled:
+            log.info(
+                "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
+                request.request_id, plan.cached_tokens, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,
+                plan.tail_tokens, len(prompt_ids) - plan.cached_tokens,
+            )
+        return plan
