@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from common import emit, environment, log, mlxd_server, percentile, prepare_fp32_model, run_concurrently, wait_for_quiet
+from common import emit, environment, mlxd_server, percentile, prepare_fp32_model, run_concurrently, wait_for_quiet
 
 
 def poll(url: str, seconds: float, interval_s: float = 0.2) -> list[float]:

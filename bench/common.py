@@ -181,6 +181,7 @@ def prepare_fp32_model(cache_dir: Path = CACHE_DIR) -> Path:
     staging name so an interrupted run never leaves a directory that looks complete.
     """
     from models.provision import CONVERSION_VERSION, default_gguf, sha256_of  # imports MLX
+    from protocol.atomic_files import atomic_replace
 
     dest = cache_dir / f"{MODEL_NAME}-f32"
     marker_path = dest / FP32_MARKER
@@ -189,18 +190,14 @@ def prepare_fp32_model(cache_dir: Path = CACHE_DIR) -> Path:
         if marker.get("conversion_version") == CONVERSION_VERSION:
             return dest
     gguf = default_gguf(cache_dir)
-    staging = dest.with_name(f".{dest.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     log("converting %s to fp32 in %s", gguf, dest)
-    command = [PYTHON, "-m", "models.gguf", str(gguf), str(staging), "--dtype", "float32"]
-    result = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if result.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-2000:]}")
-    marker = {"source": str(gguf), "source_sha256": sha256_of(gguf), "conversion_version": CONVERSION_VERSION}
-    (staging / FP32_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    staging.rename(dest)
+    with atomic_replace(dest) as staging:
+        command = [PYTHON, "-m", "models.gguf", str(gguf), str(staging), "--dtype", "float32"]
+        result = subprocess.run(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-2000:]}")
+        marker = {"source": str(gguf), "source_sha256": sha256_of(gguf), "conversion_version": CONVERSION_VERSION}
+        (staging / FP32_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return dest
 
 

@@ -10,8 +10,6 @@ import argparse
 import json
 import logging
 import math
-import os
-import shutil
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +30,8 @@ from models.gguf_tensors import (
     mlx_name,
 )
 from models.gguf_tokenizer import end_of_generation_ids, tokenizer_files
+
+from protocol.atomic_files import atomic_replace
 
 logger = logging.getLogger(__name__)
 
@@ -269,21 +269,15 @@ def convert_gguf(
     config["eos_token_id"] = generation["eos_token_id"]
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    try:
+    if dest.is_dir() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} exists and is not empty; choose another DEST_DIR or remove it")
+    with atomic_replace(dest) as partial:
+        partial.mkdir()
         _save_weights(partial, weights)
         _write_json(partial / "config.json", config)
         _write_json(partial / "generation_config.json", generation)
         for name, text in files.items():
             (partial / name).write_text(text, encoding="utf-8")
-        if dest.exists():
-            dest.rmdir()
-        partial.rename(dest)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     logger.info(
         "converted %s (%s, %d tensors, dtype %s) to %s", src, arch, len(tensors), dtype, dest
     )

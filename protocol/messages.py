@@ -272,9 +272,9 @@ class ErrorEvent(Message):
 class EventBatch(Message):
     """Worker -> router: every event of one engine step, in order, as one message.
 
-    A step at 8 streams makes 8 or more events; sent one by one they cost ~0.27 ms each
-    inside the worker (every send wakes ZMQ's I/O thread on a CPU the model is using),
-    ~2 ms a step. The router delivers them as if they had come singly.
+    A step at 8 streams makes 8 or more events; sent one by one, every send wakes ZMQ's
+    I/O thread on a CPU the model is using. The router delivers them as if they had come
+    singly.
     """
 
     type: ClassVar[str] = "events"

@@ -23,7 +23,8 @@ from typing import Any
 from protocol import log_format
 from protocol.errors import RequestError
 from protocol.locks import FileLock, LockHeld, try_lock
-from router.config import TABLES, ConfigError, RouterConfig, flag_name, setting_types
+from router.config import TABLES, RouterConfig, setting_types
+from router.config_values import ConfigError, flag_name
 from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
 from router.config_file import load_config, render_toml
 from router.kvstore_supervisor import KVStoreStartupError

@@ -24,12 +24,10 @@ import psutil
 from router.config_values import (
     ConfigError,
     FrozenMap,
-    flag_name,
     normalize_fields,
     parse_bool,
     quote_key,
     setting,
-    strict_value,
     type_hints,
     unknown_key_message,
 )

@@ -30,16 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.config import (
-    TABLES,
+from router.config import TABLES, RouterConfig, default_home, make_config
+from router.config_values import (
     ConfigError,
-    RouterConfig,
-    type_hints,
-    default_home,
     flag_name,
-    make_config,
     quote_key,
     strict_value,
+    type_hints,
     unknown_key_message,
 )
 

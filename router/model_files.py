@@ -5,11 +5,11 @@ as `python -m models.gguf` / `python -m models.provision` subprocesses."""
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from protocol.atomic_files import atomic_replace
 from router.config import RouterConfig
 
 logger = logging.getLogger(__name__)
@@ -47,16 +47,12 @@ def convert_once(src: Path, models_dir: Path) -> Path:
     if (dest / "config.json").is_file():
         logger.info("%s already converted in %s", src.name, dest)
         return dest
-    scratch = models_dir / f".{src.stem}.partial"
-    shutil.rmtree(scratch, ignore_errors=True)
     models_dir.mkdir(parents=True, exist_ok=True)
     logger.info("converting %s into %s (once)", src, dest)
-    returncode = subprocess.call(gguf_command(src, scratch), stdin=subprocess.DEVNULL)
-    if returncode != 0:
-        shutil.rmtree(scratch, ignore_errors=True)
-        raise ModelNotFound(f"converting {src} failed (exit code {returncode}); see its output above")
-    shutil.rmtree(dest, ignore_errors=True)
-    scratch.rename(dest)
+    with atomic_replace(dest) as scratch:
+        returncode = subprocess.call(gguf_command(src, scratch), stdin=subprocess.DEVNULL)
+        if returncode != 0:
+            raise ModelNotFound(f"converting {src} failed (exit code {returncode}); see its output above")
     return _check_model_dir(dest)
 
 

@@ -1,9 +1,9 @@
 """Bind MLX's CPU matmuls to the fastest BLAS installed, before MLX is imported.
 
-The mlx-cpu wheel ships the reference BLAS (~3 GFLOP/s here). MLX resolves `cblas_*`
-symbols at load time, so a library loaded earlier with RTLD_GLOBAL wins. BLIS first:
-Debian's OpenBLAS 0.3.21 re-packs weights on every 1-row GEMM and is 4-6x slower at
-decode; both are fine for prefill. This module must not import mlx.
+The mlx-cpu wheel ships the reference BLAS, an order of magnitude slower than an
+optimised one. MLX resolves `cblas_*` symbols at load time, so a library loaded earlier
+with RTLD_GLOBAL wins. BLIS first: Debian's OpenBLAS 0.3.21 re-packs weights on every
+1-row GEMM, which makes decode several times slower; both are fine for prefill. This module must not import mlx.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ class Engine:
             if active is not None:
                 self._guarded(active, self._on_generated, active, response, finished, now)
         # Capturing a finished cache first waits for the decode step already dispatched,
-        # then slices its blocks (~20 ms each). A lone finisher is captured before its last
+        # then slices every block of it. A lone finisher is captured before its last
         # token leaves, so a client that answers at once finds its prefix already cached;
         # when several finish together their tokens go out first, none waiting for the
         # others' captures.
@@ -386,4 +386,4 @@ class Engine:
         self._by_request.pop(active.request_id, None)
 
     def _emit_error(self, request_id: str, exc: RequestError) -> None:
-        self._emit(ErrorEvent(request_id, exc.message, exc.status, exc.error_type, exc.param, exc.code))
+        self._emit(ErrorEvent.from_error(request_id, exc))

@@ -1,7 +1,7 @@
 """Load an mlx-lm model directory for serving, in the dtype this device runs fastest.
 
 On a CPU-only MLX build, quantized and half-precision matmuls run on scalar,
-single-threaded kernels (10-90x slower than fp32 through BLAS), so the weights are
+single-threaded kernels (far slower than fp32 through BLAS), so the weights are
 dequantized to float32 once at load.
 """
 

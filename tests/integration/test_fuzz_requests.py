@@ -14,7 +14,6 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai

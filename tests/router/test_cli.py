@@ -177,7 +177,7 @@ def test_gguf_is_converted_once(tmp_path: Path, fake_converter: list[list[str]])
     assert resolve_model(config) == ("Tiny-Model.Q4_1", dest)
     assert resolve_model(config) == ("Tiny-Model.Q4_1", dest)
     assert len(fake_converter) == 1 and (dest / "config.json").is_file()
-    assert not list(dest.parent.glob(".*partial"))
+    assert not list(dest.parent.glob(".*.tmp"))
 
 
 def test_failed_conversion_leaves_nothing(tmp_path: Path, fake_converter: list[list[str]]) -> None:
