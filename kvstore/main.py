@@ -252,7 +252,7 @@ def _keys(keys: list[bytes]) -> list[bytes]:
 def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
     """Entry point of `python -m kvstore`; returns the process exit code. It exits when
     `parent_pid` (default: the current parent) is no longer its parent."""
-    log_format.configure_logging(os.environ.get("MLXD_LOG_LEVEL", "INFO"), "kvstore")
+    log_format.configure_logging(log_format.child_log_level(), "kvstore")
     os.umask(0o077)  # the segments hold users' prompts
     parent_pid = parent_pid or os.getppid()
     flags = _Flags()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import re
 
 # C0 controls, DEL and C1 controls; \n, \r and \t get their usual short spelling
@@ -28,6 +29,16 @@ class OneLineFormatter(logging.Formatter):
         escaped = copy.copy(record)  # other handlers may format the same record
         escaped.message = escape_controls(record.message)
         return super().formatMessage(escaped)
+
+
+# How the router hands its --log-level to the processes it starts (children read it at once,
+# before any handshake, so even a failing start logs at the right level).
+LOG_LEVEL_ENV = "MLXD_LOG_LEVEL"
+
+
+def child_log_level() -> str:
+    """A child process's log level: the router's, passed in LOG_LEVEL_ENV."""
+    return os.environ.get(LOG_LEVEL_ENV, "INFO")
 
 
 def configure_logging(level: str, role: str) -> None:

@@ -18,6 +18,15 @@ from collections.abc import Sequence
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 50
+_LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
+
+
+def line_level(line: str) -> int:
+    """The level a child logged `line` at (children log `date time LEVEL role ...`), so the
+    router's --log-level filters them like its own lines. Output that is not a log line (a
+    traceback, a crash message) counts as a warning: it is never routine."""
+    parts = line.split(" ", 3)
+    return _LEVELS.get(parts[2], logging.WARNING) if len(parts) > 3 else logging.WARNING
 
 
 def describe_exit(returncode: int) -> str:
@@ -63,7 +72,7 @@ class ChildProcess:
                 line = raw.decode(errors="replace").rstrip()
                 if line:
                     self.tail.append(line)
-                    logger.info("%s| %s", self.label, line)
+                    logger.log(line_level(line), "%s| %s", self.label, line)
 
     def _wait_exit(self, loop: asyncio.AbstractEventLoop) -> None:
         returncode = self.process.wait()

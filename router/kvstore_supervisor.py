@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
+from protocol.log_format import LOG_LEVEL_ENV
 from protocol.messages import KVStats, KVStatsResult
 from protocol.sockets import ipc_address, make_socket
 from router.child_process import ChildProcess, describe_exit
@@ -83,7 +84,7 @@ class KVStoreSupervisor:
     async def _spawn(self) -> None:
         self._socket_path.unlink(missing_ok=True)
         self.state = "starting"
-        self.child = ChildProcess(self._argv(), label="kvstore")
+        self.child = ChildProcess(self._argv(), label="kvstore", env={LOG_LEVEL_ENV: self.config.log_level})
         deadline = time.monotonic() + _STARTUP_TIMEOUT_S
         while not self._socket_path.exists():
             if self.child.exited.done():

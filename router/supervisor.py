@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.errors import WorkerDead
+from protocol.log_format import LOG_LEVEL_ENV
 from protocol.messages import (
     PROTOCOL_VERSION,
     WORKER_ROLE,
@@ -253,7 +254,7 @@ class WorkerSupervisor:
         self._control = asyncio.Queue()
         self.client.add_peer(self.identity, self._on_message)
         argv = [*self.worker_command, "--connect", self.client.address, "--identity", identity]
-        self.child = ChildProcess(argv, label=f"worker[{identity}]")
+        self.child = ChildProcess(argv, label=f"worker[{identity}]", env={LOG_LEVEL_ENV: self.config.log_level})
         logger.info("spawned worker %s (pid %d) for %s", identity, self.child.pid, self.model_path)
 
     def _retire(self, reason: str | None) -> None:

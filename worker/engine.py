@@ -129,11 +129,7 @@ class Engine:
             self._discard(request.request_id)
             self._emit_error(request.request_id, exc)
         except Exception as exc:
-            log.exception("request %s failed on admission", request.request_id)
-            self._discard(request.request_id)
-            self._emit_error(request.request_id, RequestError(
-                f"the worker could not take this request ({type(exc).__name__}: {exc})",
-                status=500, error_type="server_error"))
+            self._fail_alone(request.request_id, "on admission", exc)
 
     def reject(self, request_id: str, exc: BaseException) -> None:
         """End a request that failed before `add` (its prompt could not be prepared)."""
@@ -299,11 +295,17 @@ class Engine:
         try:
             handle(*args)
         except Exception as exc:
-            log.exception("request %s failed during a step", active.request_id)
-            self._discard(active.request_id)
-            self._emit_error(active.request_id, RequestError(
-                f"generation failed for this request ({type(exc).__name__}: {exc})",
-                status=500, error_type="server_error"))
+            self._fail_alone(active.request_id, "during a step", exc)
+
+    def _fail_alone(self, request_id: str, when: str, exc: Exception) -> None:
+        """A request tripped over something unforeseen (a bug, MLX refusing an argument):
+        it alone ends, with a 500, and leaves the batch; the worker and every other
+        request go on."""
+        log.exception("request %s failed %s", request_id, when)
+        self._discard(request_id)
+        self._emit_error(request_id, RequestError(
+            f"the worker failed {when} for this request ({type(exc).__name__}: {exc})",
+            status=500, error_type="server_error"))
 
     def _on_prompt_progress(self, active: ActiveRequest, response: Any, began: float, now: float) -> None:
         """A prefill chunk of `active` ran: timing, block capture, progress, first token."""

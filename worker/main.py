@@ -134,7 +134,7 @@ def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
 
 def run_worker(address: str, identity: str, blas: str) -> int:
     """Entry point of `python -m worker`; returns the process exit code."""
-    log_format.configure_logging(os.environ.get("MLXD_LOG_LEVEL", "INFO"), f"worker[{identity}]")
+    log_format.configure_logging(log_format.child_log_level(), f"worker[{identity}]")
     os.umask(0o077)  # whatever it writes may quote prompts: private, like the router's files
     parent_pid = os.getppid()
     flags = _Flags()
@@ -280,6 +280,7 @@ def _admit_prepared(engine: Engine, preparer: PromptPreparer) -> None:
 
 def _handle(message: Message, channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags) -> None:
     if isinstance(message, AddRequest):
+        log.debug("request %s received (%d waiting to be tokenized)", message.request_id, preparer.num_pending)
         if flags.drain_deadline is not None:
             channel.send(ErrorEvent(
                 message.request_id, "the worker is shutting down; retry shortly",

@@ -1,0 +1,48 @@
+"""--log-level reaches every process and filters their lines as the router's own: at debug
+the worker's debug lines show, at warning no child's info line does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from router.child_process import line_level
+from tests.integration.service import Service
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def child_lines(level: str, default_model_dir: Path, home: Path) -> list[str]:
+    svc = Service(["--model", str(default_model_dir), "--log-level", level], home=home)
+    try:
+        svc.wait_ready()
+        model = httpx.get(f"{svc.base_url}/v1/models").json()["data"][0]["id"]
+        reply = httpx.post(f"{svc.base_url}/v1/chat/completions", timeout=120, json={
+            "model": model, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        assert reply.status_code == 200
+    finally:
+        svc.stop()
+    return [line.split("| ", 1)[1] for line in svc.log_text().splitlines() if "| " in line]
+
+
+def test_debug_reaches_the_worker(default_model_dir: Path, tmp_path: Path) -> None:
+    lines = child_lines("debug", default_model_dir, tmp_path / "home")
+    assert any(" DEBUG worker[" in line and "received" in line for line in lines), lines[:20]
+
+
+def test_warning_hides_the_childrens_info_lines(default_model_dir: Path, tmp_path: Path) -> None:
+    lines = child_lines("warning", default_model_dir, tmp_path / "home")
+    assert not [line for line in lines if " INFO " in line], lines[:5]
+
+
+@pytest.mark.parametrize("line, level", [
+    ("2026-11-30 21:33:21,123 INFO worker[m#1] worker.engine: request done", 20),
+    ("2026-11-30 21:33:21,123 ERROR kvstore kvstore.main: writer thread died", 40),
+    ("Traceback (most recent call last):", 30),
+    ('  File "x.py", line 3, in f', 30),
+])
+def test_child_lines_keep_their_level(line: str, level: int) -> None:
+    assert line_level(line) == level
