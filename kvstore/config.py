@@ -1,27 +1,19 @@
-"""The kvstore's settings: one frozen dataclass, built from its command line."""
+"""`python -m kvstore` flags: supervised (`--connect`, `--identity`: the router sends the
+settings in the handshake), or standalone for tests and tools (`--bind`, `--root` and one
+flag per `KVStoreSettings` field, generated from it so no setting is spelled twice)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
-from kvstore.store import COMPRESSIONS
+from protocol.messages import PROTOCOL_VERSION, KVStoreConfig
+from protocol.settings import KVStoreSettings, SettingError
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?))?b?\s*$", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class KVStoreConfig:
-    bind: str  # ROUTER address any worker's DEALER connects to
-    root: Path  # segments/, index.bin and namespaces.json live here
-    max_disk_bytes: int = 10 << 30  # room for hundreds of long prefixes without filling a laptop SSD
-    segment_bytes: int = 64 << 20  # big sequential files; compaction copies at most half of one
-    compression: str = "lz4"  # fast enough to keep up with the disk; raw when it saves nothing
-    namespace_caps: dict[str, int] = field(default_factory=dict)  # one model cannot crowd out the rest
-    max_pending_bytes: int = 256 << 20  # write-behind queue; puts beyond it are dropped, not waited on
 
 
 def parse_bytes(text: str, flag: str) -> int:
@@ -34,48 +26,64 @@ def parse_bytes(text: str, flag: str) -> int:
     return int(float(number) * scale)
 
 
-def make_config(argv: Sequence[str] | None = None) -> KVStoreConfig:
-    """Parse `python -m kvstore` flags; a bad value raises ValueError naming the flag."""
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kvstore", description="mlxd SSD cold tier of the prefix KV cache")
-    parser.add_argument("--bind", required=True, help="ipc:// (or tcp://) address of the ROUTER socket")
-    parser.add_argument("--root", required=True, type=Path, help="directory holding the store")
-    parser.add_argument("--max-disk-bytes", default="10GiB", help="cap on bytes under --root (default 10GiB)")
-    parser.add_argument("--segment-bytes", default="64MiB", help="size of one segment file (default 64MiB)")
-    parser.add_argument("--compression", default="lz4", choices=COMPRESSIONS)
-    parser.add_argument("--namespace-cap", action="append", default=[], metavar="NS=BYTES",
-                        help="cap on one namespace's bytes; repeatable")
-    parser.add_argument("--max-pending-bytes", default="256MiB",
-                        help="bytes of puts waiting for the disk before new ones are dropped (default 256MiB)")
-    args = parser.parse_args(argv)
+    supervised = parser.add_argument_group("supervised (the router starts it so)")
+    supervised.add_argument("--connect", help="the router's ipc:// address; the settings come in the handshake")
+    supervised.add_argument("--identity", help="this kvstore's socket identity (kvstore#N)")
+    standalone = parser.add_argument_group("standalone (tests and tools)")
+    standalone.add_argument("--bind", help="ipc:// (or tcp://) address of the ROUTER socket workers connect to")
+    standalone.add_argument("--root", help="directory holding the store")
+    standalone.add_argument("--namespace-cap", action="append", default=[], metavar="NS=BYTES",
+                            help="cap on one namespace's bytes; repeatable")
+    for f in dataclasses.fields(KVStoreSettings):
+        standalone.add_argument(_flag(f.name), default=None, choices=f.metadata.get("choices"),
+                                help=f"{f.metadata['help']} (default {f.default})")
+    return parser
+
+
+def _setting_value(f: dataclasses.Field[Any], text: str) -> Any:
+    if f.name.endswith("_bytes"):
+        return parse_bytes(text, _flag(f.name))
+    if f.type in ("int", int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"{_flag(f.name)}: {text!r} is not an integer") from None
+    return text
+
+
+def standalone_config(args: argparse.Namespace) -> KVStoreConfig:
+    """The config a router would have sent, from standalone flags; ValueError names the flag."""
+    if not args.bind or not args.root:
+        raise ValueError("give --connect and --identity (supervised), or --bind and --root (standalone)")
+    given = {f.name: _setting_value(f, getattr(args, f.name)) for f in dataclasses.fields(KVStoreSettings)
+             if getattr(args, f.name) is not None}
+    settings = KVStoreSettings(**given)
+    try:
+        settings.check()
+    except SettingError as exc:
+        raise ValueError(f"{_flag(exc.key)}: {exc.message}") from None
     caps: dict[str, int] = {}
     for item in args.namespace_cap:
         name, sep, size = item.rpartition("=")
         if not sep or not name:
             raise ValueError(f"--namespace-cap: expected NS=BYTES, got {item!r}")
         caps[name] = parse_bytes(size, "--namespace-cap")
-    config = KVStoreConfig(
-        bind=args.bind,
-        root=args.root,
-        max_disk_bytes=parse_bytes(args.max_disk_bytes, "--max-disk-bytes"),
-        segment_bytes=parse_bytes(args.segment_bytes, "--segment-bytes"),
-        compression=args.compression,
-        namespace_caps=caps,
-        max_pending_bytes=parse_bytes(args.max_pending_bytes, "--max-pending-bytes"),
-    )
-    validate(config)
-    return config
+    check_namespace_caps(caps)
+    return KVStoreConfig(PROTOCOL_VERSION, root=args.root, bind=args.bind, settings=settings, namespace_caps=caps)
 
 
-def validate(config: KVStoreConfig) -> None:
-    if config.segment_bytes < 4096:
-        raise ValueError(f"--segment-bytes must be at least 4096, got {config.segment_bytes}")
-    if config.max_disk_bytes < 2 * config.segment_bytes:
-        raise ValueError(
-            f"--max-disk-bytes ({config.max_disk_bytes}) must be at least twice --segment-bytes "
-            f"({config.segment_bytes})"
-        )
-    if config.max_pending_bytes <= 0:
-        raise ValueError("--max-pending-bytes must be positive")
-    for name, cap in config.namespace_caps.items():
+def check_namespace_caps(caps: dict[str, int]) -> None:
+    for name, cap in caps.items():
         if cap <= 0:
             raise ValueError(f"--namespace-cap {name}: must be positive, got {cap}")
+
+
+def make_config(argv: Sequence[str] | None = None) -> KVStoreConfig:
+    """Parse standalone `python -m kvstore` flags; a bad value raises ValueError naming the flag."""
+    return standalone_config(make_parser().parse_args(argv))

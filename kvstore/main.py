@@ -2,36 +2,36 @@
 
 Gets, lookups and stats are answered on the socket loop; puts, flushes and clears go, in
 arrival order, through a bounded queue to one writer thread, so the loop never waits on
-the disk. The writer's answers come back to the loop over an inproc socket.
+the disk. The writer's answers come back to the loop over an inproc socket. Supervised, it
+says Hello to the router on a control socket, gets its `KVStoreConfig`, opens the store,
+binds, sends `KVStoreReady`, and answers pings on the same loop, so a stuck loop is hung.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
 
-from kvstore.config import KVStoreConfig
 from kvstore.store import KVStore
+from kvstore.write_behind import REPLIES_ADDRESS, Put, Reply, WriteQueue, Writer
 from protocol import log_format
 from protocol.block_keys import KEY_BYTES
 from protocol.codec import Buffer, decode, encode
 from protocol.errors import ProtocolError
 from protocol.locks import FileLock, LockHeld, try_lock
 from protocol.messages import (
+    KVSTORE_ROLE,
+    PROTOCOL_VERSION,
+    Hello,
     KVClear,
-    KVClearResult,
     KVFlush,
-    KVFlushResult,
     KVGet,
     KVGetResult,
     KVLookup,
@@ -39,15 +39,21 @@ from protocol.messages import (
     KVPut,
     KVStats,
     KVStatsResult,
+    KVStoreConfig,
+    KVStoreReady,
     Message,
+    Ping,
+    Pong,
+    Shutdown,
+    StartupFailed,
 )
+from protocol.settings import SettingError
 from protocol.sockets import make_socket
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200
-_REPLIES_ADDRESS = "inproc://kvstore-writer-replies"
-_IDLE_SYNC_S = 2.0  # fsync this long after the last write, when no more are queued
+_HANDSHAKE_TIMEOUT_S = 60.0  # for the router's answer to Hello
 _LOCK_WAIT_S = 5.0  # how long a predecessor on the same root gets to finish exiting
 ROOT_LOCK = "kvstore.lock"  # in the root; held by the kvstore serving it
 
@@ -59,119 +65,6 @@ class _Flags:
 
 
 # ---------------------------------------------------------------- writer thread
-
-
-@dataclass
-class _Put:
-    namespace: str
-    keys: list[bytes]
-    payloads: list[Buffer]
-    num_bytes: int
-
-
-@dataclass
-class _Reply:
-    """A flush or clear: done in order with the puts before it, then answered."""
-
-    identity: bytes
-    message: KVFlush | KVClear
-
-
-class WriteQueue:
-    """FIFO of writer work. Puts are bounded by the bytes they hold: past the bound a
-    put is refused (the cold tier is best-effort), while flushes and clears always fit."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.pending_bytes = 0
-        self._items: collections.deque[_Put | _Reply | None] = collections.deque()
-        self._ready = threading.Condition()
-
-    def offer(self, put: _Put) -> bool:
-        with self._ready:
-            if self.pending_bytes and self.pending_bytes + put.num_bytes > self.max_bytes:
-                return False
-            self.pending_bytes += put.num_bytes
-            self._items.append(put)
-            self._ready.notify()
-            return True
-
-    def push(self, item: _Reply | None) -> None:
-        """Queue a flush or clear; None asks the writer to finish the queue and stop."""
-        with self._ready:
-            self._items.append(item)
-            self._ready.notify()
-
-    def take(self, timeout: float) -> _Put | _Reply | None | bool:
-        """The next item, or False if none came within `timeout`."""
-        with self._ready:
-            if not self._items and not self._ready.wait(timeout):
-                return False
-            return self._items.popleft() if self._items else False
-
-    def done(self, put: _Put) -> None:
-        with self._ready:
-            self.pending_bytes -= put.num_bytes
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class Writer(threading.Thread):
-    """Drains the queue into the store; fsyncs on flush and when idle after writes."""
-
-    def __init__(self, store: KVStore, queue: WriteQueue, context: zmq.Context) -> None:
-        super().__init__(name="kvstore-writer", daemon=True)
-        self.store = store
-        self.queue = queue
-        self._context = context
-        self.failed = False
-
-    def run(self) -> None:
-        replies = make_socket(self._context, zmq.PAIR, _REPLIES_ADDRESS, bind=False)
-        try:
-            self._loop(replies)
-        except Exception:
-            self.failed = True
-            log.exception("writer thread failed")
-        finally:
-            replies.close()
-
-    def _loop(self, replies: zmq.Socket) -> None:
-        last_write = 0.0
-        dirty = False
-        while True:
-            item = self.queue.take(timeout=0.5)
-            if item is False:
-                if dirty and time.monotonic() - last_write > _IDLE_SYNC_S:
-                    self.store.flush()
-                    dirty = False
-                continue
-            if item is None:
-                self.store.flush()
-                return
-            if isinstance(item, _Put):
-                self._put(item)
-                last_write, dirty = time.monotonic(), True
-                continue
-            if isinstance(item.message, KVFlush):
-                self.store.flush()
-                dirty = False
-                answer: Message = KVFlushResult(item.message.request_id)
-            else:
-                answer = KVClearResult(item.message.request_id, self.store.clear(item.message.namespace))
-            replies.send_multipart([item.identity, *encode(answer)])
-
-    def _put(self, put: _Put) -> None:
-        try:
-            for key, payload in zip(put.keys, put.payloads):
-                try:
-                    self.store.put(put.namespace, key, payload)
-                except (OSError, ValueError) as exc:
-                    self.store.counters.dropped += 1
-                    log.error("block for %r not stored: %s", put.namespace, exc)
-        finally:
-            self.queue.done(put)
 
 
 # ---------------------------------------------------------------- socket loop
@@ -202,7 +95,7 @@ class _Server:
         elif isinstance(message, KVPut):
             self._put(message, frames)
         elif isinstance(message, (KVFlush, KVClear)):
-            self.queue.push(_Reply(identity, message))
+            self.queue.push(Reply(identity, message))
         elif isinstance(message, KVStats):
             self._reply(identity, KVStatsResult(message.request_id, self.stats()))
         else:
@@ -226,7 +119,7 @@ class _Server:
             log.warning("ignoring a put of %d keys with %d payloads (keys must be %d bytes)",
                         len(message.keys), len(frames), KEY_BYTES)
             return
-        put = _Put(message.namespace, list(message.keys), frames, sum(len(f) for f in frames))
+        put = Put(message.namespace, list(message.keys), frames, sum(len(f) for f in frames))
         if not self.queue.offer(put):
             if self.num_dropped_queue_full % 100 == 0:
                 log.warning("write queue full (%d bytes pending); dropping puts", self.queue.pending_bytes)
@@ -249,12 +142,62 @@ def _keys(keys: list[bytes]) -> list[bytes]:
     return [key if len(key) == KEY_BYTES else b"" for key in keys]
 
 
+class _Control:
+    """The supervised kvstore's DEALER socket to the router: handshake, pings, Shutdown.
+    Sends never block: if the router is gone, the parent-death check ends the process."""
+
+    def __init__(self, context: zmq.Context, address: str, identity: str) -> None:
+        self.socket = make_socket(context, zmq.DEALER, address, bind=False, identity=identity.encode())
+
+    def send(self, message: Message) -> None:
+        try:
+            self.socket.send_multipart(encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("router not reachable; dropped %s", message.type)
+
+    def receive(self) -> Message | None:
+        try:
+            message, _ = decode(self.socket.recv_multipart())
+        except ProtocolError as exc:
+            log.error("ignoring a bad message from the router: %s", exc)
+            return None
+        return message
+
+    def close(self) -> None:
+        self.socket.close(linger=1000)  # a last StartupFailed still reaches the router
+
+
 def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
-    """Entry point of `python -m kvstore`; returns the process exit code. It exits when
-    `parent_pid` (default: the current parent) is no longer its parent."""
+    """Standalone entry point of `python -m kvstore --bind ... --root ...`: serve `config`
+    until SIGTERM or until `parent_pid` (default: the current parent) is gone."""
+    flags = _start_process()
+    context = zmq.Context()
+    try:
+        return _open_and_serve(config, parent_pid or os.getppid(), flags, context, None)
+    finally:
+        context.term()
+
+
+def run_supervised_kvstore(address: str, identity: str, parent_pid: int | None = None) -> int:
+    """Supervised entry point of `python -m kvstore --connect ... --identity ...`: Hello,
+    then serve the config the router answers with; returns the process exit code."""
+    flags = _start_process()
+    parent_pid = parent_pid or os.getppid()
+    context = zmq.Context()
+    control = _Control(context, address, identity)
+    try:
+        config = _handshake(control, parent_pid, flags)
+        if config is None:
+            return 2
+        return _open_and_serve(config, parent_pid, flags, context, control)
+    finally:
+        control.close()
+        context.term()
+
+
+def _start_process() -> _Flags:
     log_format.configure_logging(log_format.child_log_level(), "kvstore")
     os.umask(0o077)  # the segments hold users' prompts
-    parent_pid = parent_pid or os.getppid()
     flags = _Flags()
     # Background work: writes are write-behind and reads are rare, so on a machine with
     # few cores the kvstore yields the CPU to the workers decoding tokens.
@@ -266,16 +209,66 @@ def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    return flags
 
+
+def _handshake(control: _Control, parent_pid: int, flags: _Flags) -> KVStoreConfig | None:
+    """Hello, then the router's `KVStoreConfig`; None (logged, and told the router) if it
+    does not come, is for another protocol version, or holds a setting out of range."""
+    control.send(Hello(protocol_version=PROTOCOL_VERSION, role=KVSTORE_ROLE, pid=os.getpid()))
+    deadline = time.monotonic() + _HANDSHAKE_TIMEOUT_S
+    while time.monotonic() < deadline and not flags.stop_requested:
+        if os.getppid() != parent_pid:
+            return None
+        if not control.socket.poll(_POLL_MS):
+            continue
+        message = control.receive()
+        if isinstance(message, KVStoreConfig):
+            return message if _usable(message, control) else None
+        if isinstance(message, Shutdown):
+            return None
+        if message is not None:
+            log.warning("ignoring %s before the configuration", message.type)
+    if not flags.stop_requested:
+        log.error("no configuration from the router within %.0f s", _HANDSHAKE_TIMEOUT_S)
+    return None
+
+
+def _usable(config: KVStoreConfig, control: _Control) -> bool:
+    if config.protocol_version != PROTOCOL_VERSION:
+        problem = (f"the router speaks protocol version {config.protocol_version}, the kvstore "
+                   f"{PROTOCOL_VERSION}: the installation is inconsistent, reinstall mlxd")
+    else:
+        try:
+            config.settings.check()
+            problem = ""
+        except SettingError as exc:
+            problem = f"bad setting {exc}"
+    if problem:
+        _startup_failed(control, problem)
+    return not problem
+
+
+def _startup_failed(control: _Control | None, problem: str) -> None:
+    log.error("%s", problem)
+    if control is not None:
+        control.send(StartupFailed(problem))
+
+
+def _open_and_serve(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Context,
+                    control: _Control | None) -> int:
+    root = Path(config.root)
     try:
-        root_lock = _lock_root(config.root, flags)
+        root_lock = _lock_root(root, flags)
     except OSError as exc:
-        log.error("cannot open the store at %s: %s (check --root)", config.root, exc)
+        _startup_failed(control, f"cannot open the store at {root}: {exc} (check kv_cache_dir / --root)")
         return 2
-    if root_lock is None:
+    if root_lock is None:  # logged by _lock_root
+        if control is not None:
+            control.send(StartupFailed(f"another kvstore is using {root} (give each service its own cold_cache_dir)"))
         return 2
     with root_lock:
-        return _run(config, parent_pid, flags)
+        return _run(config, parent_pid, flags, context, control)
 
 
 def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
@@ -302,21 +295,22 @@ def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
             time.sleep(0.1)
 
 
-def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags) -> int:
+def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Context,
+         control: _Control | None) -> int:
+    settings = config.settings
     try:
         store = KVStore(
-            config.root,
-            max_disk_bytes=config.max_disk_bytes,
-            segment_bytes=config.segment_bytes,
-            compression=config.compression,
+            Path(config.root),
+            max_disk_bytes=settings.max_disk_bytes,
+            segment_bytes=settings.segment_bytes,
+            compression=settings.compression,
             namespace_caps=config.namespace_caps,
         )
     except OSError as exc:
-        log.error("cannot open the store at %s: %s (check --root)", config.root, exc)
+        _startup_failed(control, f"cannot open the store at {config.root}: {exc} (check kv_cache_dir / --root)")
         return 2
-    context = zmq.Context()
-    replies = make_socket(context, zmq.PAIR, _REPLIES_ADDRESS, bind=True)
-    queue = WriteQueue(config.max_pending_bytes)
+    replies = make_socket(context, zmq.PAIR, REPLIES_ADDRESS, bind=True)
+    queue = WriteQueue(settings.max_pending_bytes)
     writer = Writer(store, queue, context)
     writer.start()
     socket: zmq.Socket | None = None
@@ -325,11 +319,15 @@ def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags) -> int:
         # bound only once the store is open: a peer that sees the socket can be served
         socket = make_socket(context, zmq.ROUTER, config.bind, bind=True)
         log.info("serving %s on %s", config.root, config.bind)
-        _serve(_Server(store, socket, queue), replies, writer, parent_pid, flags)
+        if control is not None:
+            opened = store.stats()
+            control.send(KVStoreReady(PROTOCOL_VERSION, config.root, config.bind, opened["num_blocks"],
+                                      opened["disk_bytes"]))
+        _serve(_Server(store, socket, queue), replies, writer, control, parent_pid, flags)
         if writer.failed:
             code = 1
     except zmq.ZMQError as exc:
-        log.error("cannot bind %s: %s (check --bind)", config.bind, exc)
+        _startup_failed(control, f"cannot bind {config.bind}: {exc}")
         code = 2
     finally:
         queue.push(None)
@@ -338,15 +336,17 @@ def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags) -> int:
         if socket is not None:
             socket.close()
         replies.close()
-        context.term()
         log.info("stopped; store closed cleanly")
     return code
 
 
-def _serve(server: _Server, replies: zmq.Socket, writer: Writer, parent_pid: int, flags: _Flags) -> None:
+def _serve(server: _Server, replies: zmq.Socket, writer: Writer, control: _Control | None, parent_pid: int,
+           flags: _Flags) -> None:
     poller = zmq.Poller()
     poller.register(server.socket, zmq.POLLIN)
     poller.register(replies, zmq.POLLIN)
+    if control is not None:
+        poller.register(control.socket, zmq.POLLIN)
     while not flags.stop_requested:
         if os.getppid() != parent_pid:
             log.info("parent process is gone; shutting down")
@@ -357,9 +357,22 @@ def _serve(server: _Server, replies: zmq.Socket, writer: Writer, parent_pid: int
         for sock, _ in poller.poll(_POLL_MS):
             if sock is replies:
                 server.socket.send_multipart(replies.recv_multipart(copy=False), copy=False)
-                continue
-            try:
-                server.handle(server.socket.recv_multipart(copy=False))
-            except Exception:  # one bad request must not take the cold tier down
-                log.exception("failed to handle a message")
+            elif control is not None and sock is control.socket:
+                _obey(control, flags)
+            else:
+                try:
+                    server.handle(server.socket.recv_multipart(copy=False))
+                except Exception:  # one bad request must not take the cold tier down
+                    log.exception("failed to handle a message")
     log.info("stop requested; flushing %d pending writes", len(server.queue))
+
+
+def _obey(control: _Control, flags: _Flags) -> None:
+    """A message from the router: answered on this loop, so a stuck loop misses its pings."""
+    message = control.receive()
+    if isinstance(message, Ping):
+        control.send(Pong(message.nonce, message.sent_at))
+    elif isinstance(message, Shutdown):
+        flags.stop_requested = True
+    elif message is not None:
+        log.warning("ignoring unexpected %s from the router", message.type)

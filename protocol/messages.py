@@ -11,26 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from protocol.errors import RequestError
-
-PROTOCOL_VERSION = 1
-
-MESSAGE_TYPES: dict[str, type["Message"]] = {}
-
-
-@dataclass
-class Message:
-    """Base of all wire messages; subclasses register themselves under their tag."""
-
-    type: ClassVar[str] = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        tag = cls.__dict__.get("type")
-        if tag:
-            if tag in MESSAGE_TYPES:
-                raise TypeError(f"duplicate message type tag {tag!r}")
-            MESSAGE_TYPES[tag] = cls
-
+from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: importers find them here too)
+    KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
+    KVLookup, KVLookupResult, KVPut, KVStats, KVStatsResult,
+)
+from protocol.message_base import MESSAGE_TYPES, PROTOCOL_VERSION, Message  # noqa: F401  (re-exported)
+from protocol.settings import KVStoreSettings, WorkerSettings
 
 # ---------------------------------------------------------------- handshake
 
@@ -56,17 +42,8 @@ class WorkerConfig(Message):
     protocol_version: int
     model_id: str
     model_path: str
-    max_num_seqs: int = 8
-    max_queue: int = 64
-    prefill_chunk_tokens: int = 512
-    batch_window_ms: int = 10
-    block_tokens: int = 256
-    hot_cache_bytes: int = 0
-    prefix_cache: bool = True
-    max_context_tokens: int = 0
-    default_max_tokens: int = 512
-    dtype: str = "auto"
-    heartbeat_s: float = 2.0
+    settings: WorkerSettings = field(default_factory=WorkerSettings)
+    hot_cache_bytes: int = 0  # this worker's hot-tier budget, sized by the pool from the memory budget
     kvstore_address: str = ""  # the SSD cold tier; empty: hot tier only
 
 
@@ -93,9 +70,37 @@ class Ready(Message):
     max_token_chars: int = 0  # longest token's text: prompts over context_length * this cannot fit
 
 
+KVSTORE_ROLE = "kvstore"  # the Hello.role a kvstore sends and its supervisor expects
+
+
+@dataclass
+class KVStoreConfig(Message):
+    """Parent -> kvstore, in answer to Hello: the store to open and the address to serve
+    workers on (the kvstore binds it; workers connect to it directly)."""
+
+    type: ClassVar[str] = "kvstore_config"
+    protocol_version: int
+    root: str
+    bind: str
+    settings: KVStoreSettings = field(default_factory=KVStoreSettings)
+    namespace_caps: dict[str, int] = field(default_factory=dict)  # per-model disk caps, bytes
+
+
+@dataclass
+class KVStoreReady(Message):
+    """Kvstore -> parent once the store is open and `bind` is bound: workers may connect."""
+
+    type: ClassVar[str] = "kvstore_ready"
+    protocol_version: int
+    root: str
+    bind: str
+    num_blocks: int = 0  # blocks found in the store at startup
+    disk_bytes: int = 0  # bytes they use
+
+
 @dataclass
 class StartupFailed(Message):
-    """Worker -> parent: loading failed; the message says what to change."""
+    """Child (worker or kvstore) -> parent: starting failed; the message says what to change."""
 
     type: ClassVar[str] = "startup_failed"
     message: str
@@ -279,106 +284,3 @@ class EventBatch(Message):
 
     type: ClassVar[str] = "events"
     events: list[Message] = field(default_factory=list)
-
-
-# ---------------------------------------------------------------- kvstore (SSD cold tier)
-# Any DEALER peer -> kvstore ROUTER. Keys are 16-byte block keys (`protocol.block_keys`),
-# scoped by `namespace` (one per model fingerprint). Block payloads are opaque bytes and
-# travel as extra frames, one per key, in key order.
-
-
-@dataclass
-class KVLookup(Message):
-    """How many of `keys`, in order from the first, the store holds (stops at a miss)."""
-
-    type: ClassVar[str] = "kv_lookup"
-    request_id: int
-    namespace: str
-    keys: list[bytes]
-
-
-@dataclass
-class KVLookupResult(Message):
-    type: ClassVar[str] = "kv_lookup_result"
-    request_id: int
-    num_found: int
-
-
-@dataclass
-class KVGet(Message):
-    """Fetch the payloads of `keys`; one round trip for a whole run of blocks."""
-
-    type: ClassVar[str] = "kv_get"
-    request_id: int
-    namespace: str
-    keys: list[bytes]
-    # one KVGetResult per block, sent as each is read, ending at the first miss: the
-    # asker decodes block i while block i+1 is read and sent
-    stream: bool = False
-
-
-@dataclass
-class KVGetResult(Message):
-    """`found[i]` per asked key; one extra frame per found key, in key order. A corrupt
-    record is reported as not found, never as wrong bytes."""
-
-    type: ClassVar[str] = "kv_get_result"
-    request_id: int
-    found: list[bool]
-    seq: int = 0  # streamed gets: position of this block among the asked keys
-    done: bool = True  # streamed gets: the last message for this request
-
-
-@dataclass
-class KVPut(Message):
-    """Store one extra frame per key; write-behind, no reply. A key already stored is a
-    no-op that refreshes its last use."""
-
-    type: ClassVar[str] = "kv_put"
-    namespace: str
-    keys: list[bytes]
-
-
-@dataclass
-class KVFlush(Message):
-    """Answered once every put received before it is written and fsynced."""
-
-    type: ClassVar[str] = "kv_flush"
-    request_id: int
-
-
-@dataclass
-class KVFlushResult(Message):
-    type: ClassVar[str] = "kv_flush_result"
-    request_id: int
-
-
-@dataclass
-class KVStats(Message):
-    """Counters and sizes; also the kvstore's liveness ping."""
-
-    type: ClassVar[str] = "kv_stats"
-    request_id: int
-
-
-@dataclass
-class KVStatsResult(Message):
-    type: ClassVar[str] = "kv_stats_result"
-    request_id: int
-    stats: dict[str, Any]
-
-
-@dataclass
-class KVClear(Message):
-    """Drop every block (`namespace` None) or one namespace's blocks."""
-
-    type: ClassVar[str] = "kv_clear"
-    request_id: int
-    namespace: str | None = None
-
-
-@dataclass
-class KVClearResult(Message):
-    type: ClassVar[str] = "kv_clear_result"
-    request_id: int
-    num_removed: int

@@ -23,7 +23,7 @@ from typing import Any
 from protocol import log_format
 from protocol.errors import RequestError
 from protocol.locks import FileLock, LockHeld, try_lock
-from router.config import TABLES, RouterConfig, setting_types
+from router.config import RouterConfig, setting_fields, setting_types
 from router.config_values import ConfigError, flag_name
 from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
 from router.config_file import load_config, render_toml
@@ -58,9 +58,7 @@ def _metavar(key: str, kind: type) -> str:
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     types = setting_types()
-    for f in dataclasses.fields(RouterConfig):
-        if f.name in TABLES:  # tables live in the config file only
-            continue
+    for f in setting_fields().values():  # tables live in the config file only
         kind = types[f.name]
         help_text = f.metadata["help"]
         if f.default not in (dataclasses.MISSING, None, ()):

@@ -21,6 +21,7 @@ from typing import Any
 
 import psutil
 
+from protocol.settings import KVStoreSettings, SettingError, WorkerSettings
 from router.config_values import (
     ConfigError,
     FrozenMap,
@@ -34,8 +35,9 @@ from router.config_values import (
 from router.profiles import Profile, check_model_name, check_profile
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-DTYPES = ("auto", "float32", "float16", "bfloat16")
 TABLES = ("models", "profiles")  # settings that are TOML tables, so they exist in the config file only
+# the children's settings, embedded whole; their fields are flags and top-level keys
+SECTIONS: dict[str, type] = {"worker": WorkerSettings, "kvstore": KVStoreSettings}
 MEMORY_RESERVE_BYTES = 8 << 30  # what the automatic memory budget leaves to the OS and other apps
 MIN_MEMORY_BUDGET_BYTES = 2 << 30  # the automatic budget never goes below this, even on a small machine
 
@@ -133,36 +135,21 @@ class RouterConfig:
         metadata={"help": 'named request defaults sharing a model\'s engine, [profiles."MODEL:PROFILE"] tables',
                   "table": True},
     )
-    # --- worker (sent to it in the handshake)
-    max_num_seqs: int = setting(8, "sequences decoded together; more raises throughput and memory use")
-    max_queue: int = setting(64, "requests a worker holds waiting for a slot before it refuses new ones")
-    prefill_chunk_tokens: int = setting(
-        512,
-        "prompt tokens prefilled per step, so decoding of other requests keeps moving during a long "
-        "prompt",
+    # --- the children: each setting is defined once in protocol.settings; a flag and a
+    # config-file key of its own name (`max_num_seqs`), sent whole in the handshake
+    worker: WorkerSettings = field(
+        default_factory=WorkerSettings,
+        metadata={"help": "what every worker runs with (protocol.settings.WorkerSettings)", "section": True},
     )
-    batch_window_ms: int = setting(
-        10,
-        "when nothing is running, how long the first prompt of a burst waits for the rest to arrive, so "
-        "they are prefilled together (0: never wait)",
-    )
-    block_tokens: int = setting(256, "tokens per prefix-cache block (only full blocks are cached)")
-    prefix_cache: bool = setting(True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
     cold_cache: bool = setting(True, "keep prefix blocks on disk too (the kvstore process), so they survive memory pressure and restarts")
     cold_cache_dir: Path | None = setting(None, "where the SSD tier keeps its segments and index (default HOME/kvcache)")
-    max_disk_bytes: int = setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
-    segment_bytes: int = setting(64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
-    compression: str = setting("lz4", "compression of SSD blocks", choices=("lz4", "none"))
-    hot_cache_bytes: int = setting(0, "in-memory prefix cache budget per worker in bytes; 0 means an eighth of the memory budget (at least 256 MB)")
-    max_context_tokens: int = setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
-    default_max_tokens: int = setting(512, "output cap for requests that set no max_tokens")
-    dtype: str = setting(
-        "auto",
-        "weight dtype the worker computes in; auto picks the fastest for the device",
-        choices=DTYPES,
+    kvstore: KVStoreSettings = field(
+        default_factory=KVStoreSettings,
+        metadata={"help": "what the kvstore runs with (protocol.settings.KVStoreSettings)", "section": True},
     )
+    hot_cache_bytes: int = setting(0, "in-memory prefix cache budget per worker in bytes; 0 means an eighth of the memory budget (at least 256 MB)")
     # --- supervision
-    heartbeat_s: float = setting(2.0, "seconds between pings to each worker")
+    heartbeat_s: float = setting(2.0, "seconds between pings to each worker and the kvstore")
     ping_timeout_s: float = setting(
         60.0,
         "a worker silent this long is hung and gets killed; long, because one big prefill chunk blocks "
@@ -189,7 +176,7 @@ class RouterConfig:
     log_level: str = setting("info", "router log verbosity", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
-        normalize_fields(self, {"models": ModelSettings, "profiles": Profile})
+        normalize_fields(self, {"models": ModelSettings, "profiles": Profile}, SECTIONS)
         _check(self)
 
     @property
@@ -247,14 +234,17 @@ def is_loopback(host: str) -> bool:
 
 
 def _check(config: RouterConfig) -> None:
-    positive = ("sse_keepalive_s", "max_body_bytes", "max_num_seqs", "max_queue", "prefill_chunk_tokens",
-                "block_tokens", "default_max_tokens", "max_disk_bytes", "segment_bytes", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
+    for section in SECTIONS:
+        try:
+            getattr(config, section).check()
+        except SettingError as exc:
+            raise ConfigError(exc.key, exc.message) from None
+    positive = ("sse_keepalive_s", "max_body_bytes", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
                 "restart_backoff_s", "restart_backoff_max_s", "max_start_failures")
     for key in positive:
         if not getattr(config, key) > 0:
             raise ConfigError(key, f"must be > 0, got {getattr(config, key)!r}")
-    for key in ("batch_window_ms", "hot_cache_bytes", "max_context_tokens", "shutdown_drain_s", "kill_after_s",
-                "memory_budget_bytes", "idle_timeout_s"):
+    for key in ("hot_cache_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s"):
         if getattr(config, key) < 0:
             raise ConfigError(key, f"must be >= 0, got {getattr(config, key)!r}")
     if not 0 < config.port < 65536:
@@ -307,13 +297,44 @@ def _check_models(config: RouterConfig) -> None:
         check_model_name(where, name)
         if settings.ttl_s is not None and settings.ttl_s < 0:
             raise ConfigError(f"{where}.ttl_s", f"must be >= 0, got {settings.ttl_s!r}")
-        if settings.max_disk_bytes is not None and not 0 < settings.max_disk_bytes <= config.max_disk_bytes:
+        cap = config.kvstore.max_disk_bytes
+        if settings.max_disk_bytes is not None and not 0 < settings.max_disk_bytes <= cap:
             raise ConfigError(f"{where}.max_disk_bytes", f"must be > 0 and <= max_disk_bytes "
-                              f"({config.max_disk_bytes}), got {settings.max_disk_bytes}")
+                              f"({cap}), got {settings.max_disk_bytes}")
         for alias in settings.aliases:
             check_model_name(f"{where}.aliases", alias)
             if owner.setdefault(alias, name) != name:
                 raise ConfigError(f"{where}.aliases", f"{alias!r} already names model {owner[alias]!r}")
+
+
+def setting_fields() -> dict[str, dataclasses.Field]:
+    """Every setting a flag or a top-level config-file key sets, name -> its field: the
+    router's own, and each child's (`SECTIONS`) in the place of its section, flat
+    (`max_num_seqs`, not `worker.max_num_seqs`). The tables are left out."""
+    out: dict[str, dataclasses.Field] = {}
+    for f in dataclasses.fields(RouterConfig):
+        if f.name in SECTIONS:
+            out.update((g.name, g) for g in dataclasses.fields(SECTIONS[f.name]))
+        elif f.name not in TABLES:
+            out[f.name] = f
+    return out
+
+
+SECTION_OF: dict[str, str] = {f.name: name for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+
+def setting_hints() -> dict[str, Any]:
+    """Every key a flag or the config file may set -> its type hint (tables included)."""
+    hints = {name: hint for name, hint in type_hints(RouterConfig).items() if name not in SECTIONS}
+    for cls in SECTIONS.values():
+        hints.update(type_hints(cls))
+    return hints
+
+
+def setting_value(config: RouterConfig, name: str) -> Any:
+    """The value of flat setting `name` in `config` (a child's lives in its section)."""
+    section = SECTION_OF.get(name)
+    return getattr(getattr(config, section), name) if section else getattr(config, name)
 
 
 def setting_types() -> dict[str, type]:
@@ -323,7 +344,7 @@ def setting_types() -> dict[str, type]:
     left out: they have no flag and are not plain values.
     """
     kinds: dict[str, type] = {}
-    for name, hint in type_hints(RouterConfig).items():
+    for name, hint in setting_hints().items():
         if name in TABLES:
             continue
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -340,22 +361,27 @@ def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
     bad value raises `ConfigError` naming the key.
     """
     kinds = setting_types()
-    hints = type_hints(RouterConfig)
+    hints = setting_hints()
     kwargs: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for key, value in (overrides or {}).items():
         if key not in hints:
             raise ConfigError(key, unknown_key_message(key, list(hints)))
+        target = sections[SECTION_OF[key]] if key in SECTION_OF else kwargs
         if value is None or key in TABLES or typing.get_origin(hints[key]) is tuple:
-            kwargs[key] = value  # checked by RouterConfig itself
+            target[key] = value  # checked by RouterConfig itself
             continue
         kind = kinds[key]
         try:
             if kind is bool:
-                kwargs[key] = parse_bool(value)
+                target[key] = parse_bool(value)
                 continue
             if kind is int and isinstance(value, float) or isinstance(value, bool):
                 raise ValueError
-            kwargs[key] = kind(value)
+            target[key] = kind(value)
         except (TypeError, ValueError):
             raise ConfigError(key, f"expected {kind.__name__}, got {value!r}") from None
+    for name, values in sections.items():
+        if values:
+            kwargs[name] = values  # RouterConfig builds the section and type-checks each value
     return RouterConfig(**kwargs)

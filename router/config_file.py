@@ -30,13 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from router.config import TABLES, RouterConfig, default_home, make_config
+from router.config import (
+    TABLES,
+    RouterConfig,
+    default_home,
+    make_config,
+    setting_fields,
+    setting_hints,
+    setting_value,
+)
 from router.config_values import (
     ConfigError,
     flag_name,
     quote_key,
     strict_value,
-    type_hints,
     unknown_key_message,
 )
 
@@ -72,8 +79,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(None, f"not valid TOML: {exc}", source) from None
     except OSError as exc:
         raise ConfigError(None, f"cannot read it: {exc.strerror or exc}", source) from None
-    hints = type_hints(RouterConfig)
-    file_keys = [f.name for f in dataclasses.fields(RouterConfig) if not f.metadata.get("cli_only")]
+    hints = setting_hints()
+    file_keys = [*(name for name, f in setting_fields().items() if not f.metadata.get("cli_only")), *TABLES]
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key in hints and key not in file_keys:
@@ -133,7 +140,7 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = No
     except ConfigError as exc:
         top = exc.key.split(".")[0] if exc.key else None
         raise exc.at(sources.get(top) if top else None) from None
-    return LoadedConfig(config, {f.name: sources.get(f.name, DEFAULT) for f in dataclasses.fields(config)})
+    return LoadedConfig(config, {name: sources.get(name, DEFAULT) for name in [*setting_fields(), *TABLES]})
 
 
 def toml_value(value: Any) -> str:
@@ -160,10 +167,10 @@ def render_toml(loaded: LoadedConfig) -> str:
     config, sources = loaded.config, loaded.sources
     read = f"read from {config.config}" if config.config is not None else "no config file read"
     lines = [f"# mlxd effective configuration ({read}); each comment says where a value came from"]
-    for f in dataclasses.fields(config):
-        if f.name in TABLES or f.metadata.get("cli_only"):
+    for f in setting_fields().values():
+        if f.metadata.get("cli_only"):
             continue
-        value, source = getattr(config, f.name), sources[f.name]
+        value, source = setting_value(config, f.name), sources[f.name]
         if value is None:
             lines.append(f"# {f.name} is not set  # {source}")
         elif source == f"${API_KEY_ENV}":

@@ -8,22 +8,19 @@ importing the router's config.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from protocol.settings import setting as setting  # one field helper for every settings class
+
 V = TypeVar("V")
-
-
-def setting(default: Any, why: str, **extra: Any) -> Any:
-    """A dataclass field whose `help` metadata is its one line of why (flags and docs)."""
-    return field(default=default, metadata={"help": why, **extra})
 
 
 def flag_name(key: str) -> str:
@@ -139,17 +136,34 @@ def strict_value(key: str, value: Any, hint: Any) -> Any:
     raise ConfigError(key, f"expected {_type_words(hint)}, got {value!r}")
 
 
-def normalize_fields(obj: Any, tables: Mapping[str, type] | None = None) -> None:
-    """Type-check every field of a frozen settings dataclass, storing lists as tuples and
-    `tables` (field name -> the settings class of one entry) as FrozenMaps, so a config
-    built from code is as sound as one from a file."""
+def normalize_fields(obj: Any, tables: Mapping[str, type] | None = None,
+                     sections: Mapping[str, type] | None = None) -> None:
+    """Type-check every field of a frozen settings dataclass, storing lists as tuples,
+    `tables` (field name -> the settings class of one entry) as FrozenMaps, and `sections`
+    (field name -> a settings class embedded whole, given as one or as a mapping of its
+    fields), so a config built from code is as sound as one from a file."""
     for name, hint in type_hints(type(obj)).items():
         value = getattr(obj, name)
         if tables and name in tables:
             value = table(name, value, tables[name])
+        elif sections and name in sections:
+            value = section(value, sections[name])
         else:
             value = strict_value(name, value, hint)
         object.__setattr__(obj, name, value)
+
+
+def section(raw: Any, cls: type) -> Any:
+    """An embedded settings object of `cls`, each field type-checked; errors name the
+    field alone (`max_num_seqs`), as flags and config-file keys do."""
+    values = dataclasses.asdict(raw) if isinstance(raw, cls) else raw
+    if not isinstance(values, Mapping):
+        raise ConfigError(None, f"expected {cls.__name__} settings, got {raw!r}")
+    hints = type_hints(cls)
+    for key in values:
+        if key not in hints:
+            raise ConfigError(key, unknown_key_message(key, list(hints)))
+    return cls(**{key: strict_value(key, value, hints[key]) for key, value in values.items()})
 
 
 T = TypeVar("T")

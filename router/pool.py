@@ -83,8 +83,8 @@ class WorkerPool:
         self.client = WorkerClient(ipc_address(self.runtime_dir, "workers"))
         await self.client.start()
         try:
-            if self.config.cold_cache and self.config.prefix_cache:
-                self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir)
+            if self.config.cold_cache and self.config.worker.prefix_cache:
+                self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir, self.client)
                 await self.kvstore.start()
             unknown = sorted(self.pinned - set(self.registry) - set(self.aliases))
             if unknown:

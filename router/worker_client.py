@@ -1,4 +1,5 @@
-"""The router's one ZeroMQ ROUTER socket to every worker, and per-request event streams.
+"""The router's one ZeroMQ ROUTER socket to every child (workers and the kvstore), and
+per-request event streams.
 
 A reader task routes each incoming event to the `RequestStream` of its request id and
 every other message (hello, ready, pong …) to the handler of the worker that sent it.

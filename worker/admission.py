@@ -12,7 +12,8 @@ from typing import Any
 from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
 from protocol.errors import RequestError
-from protocol.messages import AddRequest, WorkerConfig
+from protocol.messages import AddRequest
+from protocol.settings import WorkerSettings
 from protocol.prompt_bounds import check_prompt_fits
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
@@ -43,12 +44,12 @@ class Admitter:
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, context_length: int, max_token_chars: int,
-                 config: WorkerConfig, prefix_cache: PrefixCache) -> None:
+                 settings: WorkerSettings, prefix_cache: PrefixCache) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._context_length = context_length
         self._max_token_chars = max_token_chars
-        self._config = config
+        self._config = settings
         self._prefix_cache = prefix_cache
 
     def check_room(self, request_id: str, running: Container[str], num_taken: int) -> None:

@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from protocol.errors import RequestError
+from protocol.settings import WorkerSettings
 from protocol.messages import (
     AddRequest,
     ErrorEvent,
@@ -24,7 +25,6 @@ from protocol.messages import (
     ProgressEvent,
     PromptEvent,
     TokenEvent,
-    WorkerConfig,
 )
 from worker.active_request import ActiveRequest
 from worker.admission import Admission, Admitter
@@ -53,25 +53,25 @@ class Engine:
     leaves them gets exactly one terminal event (FinishEvent or ErrorEvent).
     """
 
-    def __init__(self, loaded: LoadedModel, config: WorkerConfig, emit: Emit, prefix_cache: PrefixCache,
+    def __init__(self, loaded: LoadedModel, settings: WorkerSettings, emit: Emit, prefix_cache: PrefixCache,
                  flush: Callable[[], None] | None = None) -> None:
         """`flush`, if given, sends what `emit` has buffered so far (the worker batches a
         step's events into one message)."""
         self._loaded = loaded
         self._flush = flush
         self.prefix_cache = prefix_cache
-        self._segment_tokens = prefix_cache.segment_tokens(config.prefill_chunk_tokens)
-        self._config = config
+        self._segment_tokens = prefix_cache.segment_tokens(settings.prefill_chunk_tokens)
+        self._config = settings
         self._emit = emit
         self._tokenizer = loaded.tokenizer
         self._vocab_size = int(loaded.config.get("vocab_size") or len(self._tokenizer))
-        self.context_length = (min(loaded.context_length, config.max_context_tokens)
-                               if config.max_context_tokens > 0 else loaded.context_length)
+        self.context_length = (min(loaded.context_length, settings.max_context_tokens)
+                               if settings.max_context_tokens > 0 else loaded.context_length)
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
         self.vocab_size = self._vocab_size
         self.max_token_chars = longest_token_chars(self._tokenizer)
         self._admitter = Admitter(self._tokenizer, self._vocab_size, self.context_length, self.max_token_chars,
-                                  config, prefix_cache)
+                                  settings, prefix_cache)
         self._early_first_token = EarlyFirstToken(self.eos_token_ids)
         self._fast_prefill_since_step = False
         self._by_uid: dict[int, ActiveRequest] = {}

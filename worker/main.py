@@ -162,6 +162,7 @@ def run_worker(address: str, identity: str, blas: str) -> int:
 
 
 def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, flags: _Flags) -> int:
+    settings = config.settings
     # Imported here so the BLAS binding in __main__ happens before MLX loads.
     from worker.engine import Engine
     from worker.model_loader import load_for_serving
@@ -170,7 +171,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     from worker.prompt_preparer import PromptPreparer
 
     try:
-        loaded = load_for_serving(config.model_path, config.dtype)
+        loaded = load_for_serving(config.model_path, settings.dtype)
     except Exception as exc:
         log.exception("failed to load %s", config.model_path)
         channel.send(StartupFailed(f"cannot load model {config.model_path}: {exc}"))
@@ -185,23 +186,23 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         loaded.weights_bytes / 1e6, loaded.context_length,
     )
     budget = config.hot_cache_bytes  # sized by the router's pool from the memory budget
-    cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and config.prefix_cache else None
+    cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and settings.prefix_cache else None
     prefix_cache = PrefixCache(
-        loaded.model, loaded.fingerprint, config.block_tokens, budget, enabled=config.prefix_cache, cold=cold
+        loaded.model, loaded.fingerprint, settings.block_tokens, budget, enabled=settings.prefix_cache, cold=cold
     )
     log.info(
         "prefix cache %s: blocks of %d tokens, hot tier %.0f MB, SSD tier %s",
-        "on" if prefix_cache.enabled else "off", config.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
+        "on" if prefix_cache.enabled else "off", settings.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
         config.kvstore_address or "off",
     )
-    engine = Engine(loaded, config, channel.send, prefix_cache, flush=channel.flush)
+    engine = Engine(loaded, settings, channel.send, prefix_cache, flush=channel.flush)
     channel.send(Ready(
         protocol_version=PROTOCOL_VERSION,
         model_id=config.model_id,
         context_length=engine.context_length,
-        max_num_seqs=config.max_num_seqs,
-        prefill_chunk_tokens=config.prefill_chunk_tokens,
-        block_tokens=config.block_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        prefill_chunk_tokens=settings.prefill_chunk_tokens,
+        block_tokens=settings.block_tokens,
         dtype=loaded.dtype,
         device=loaded.device,
         blas=blas,
@@ -215,7 +216,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     ))
     preparer = PromptPreparer(engine.prepare)
     try:
-        return _loop(channel, engine, preparer, parent_pid, flags, config.batch_window_ms)
+        return _loop(channel, engine, preparer, parent_pid, flags, settings.batch_window_ms)
     finally:
         preparer.close()
         if cold is not None and flags.orphaned:

@@ -120,7 +120,7 @@ def test_a_sigkilled_router_leaves_nothing_that_stops_the_next(first: Service, a
     children = psutil.Process(first.proc.pid).children(recursive=True)
     commands = {child.pid: " ".join(child.cmdline()) for child in children}
     assert any("-m worker" in c for c in commands.values()) and any("-m kvstore" in c for c in commands.values())
-    runtime_dir = Path(re.search(r"ipc://(\S+)/kvstore", " ".join(commands.values())).group(1))  # type: ignore[union-attr]
+    runtime_dir = Path(re.search(r"ipc://(\S+)/workers", " ".join(commands.values())).group(1))  # type: ignore[union-attr]
     assert runtime_dir.is_dir()
 
     first.proc.send_signal(signal.SIGKILL)

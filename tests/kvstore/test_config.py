@@ -1,19 +1,29 @@
-"""`python -m kvstore` flags: defaults, sizes with units, errors that name the flag."""
+"""`python -m kvstore` standalone flags: generated from `KVStoreSettings` (same defaults),
+sizes with units, errors that name the flag."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import pytest
 
-from kvstore.config import KVStoreConfig, make_config, parse_bytes
+from kvstore.config import make_config, make_parser, parse_bytes
+from protocol.messages import PROTOCOL_VERSION, KVStoreConfig
+from protocol.settings import KVStoreSettings
 
 BASE = ["--bind", "ipc:///tmp/kv", "--root", "/tmp/store"]
 
 
-def test_defaults() -> None:
-    assert make_config(BASE) == KVStoreConfig(bind="ipc:///tmp/kv", root=Path("/tmp/store"))
-    assert KVStoreConfig("a", Path("b")).max_disk_bytes == 10 << 30
+def test_defaults_are_the_settings_defaults() -> None:
+    assert make_config(BASE) == KVStoreConfig(PROTOCOL_VERSION, root="/tmp/store", bind="ipc:///tmp/kv",
+                                              settings=KVStoreSettings())
+
+
+def test_every_setting_is_a_flag_with_its_why() -> None:
+    help_text = make_parser().format_help()
+    for f in dataclasses.fields(KVStoreSettings):
+        assert "--" + f.name.replace("_", "-") in help_text
+        assert f.metadata["help"].split()[0] in help_text
 
 
 @pytest.mark.parametrize(
@@ -27,8 +37,10 @@ def test_sizes(text: str, value: int) -> None:
 
 def test_flags() -> None:
     config = make_config(BASE + ["--max-disk-bytes", "2MiB", "--segment-bytes", "256KiB", "--compression", "none",
+                                 "--max-pending-bytes", "1MiB",
                                  "--namespace-cap", "a=1MiB", "--namespace-cap", "m@x=y=5"])
-    assert (config.max_disk_bytes, config.segment_bytes, config.compression) == (2 << 20, 256 << 10, "none")
+    assert config.settings == KVStoreSettings(max_disk_bytes=2 << 20, segment_bytes=256 << 10, compression="none",
+                                              max_pending_bytes=1 << 20)
     assert config.namespace_caps == {"a": 1 << 20, "m@x=y": 5}
 
 
@@ -38,10 +50,12 @@ def test_flags() -> None:
         (["--max-disk-bytes", "lots"], "--max-disk-bytes"),
         (["--max-disk-bytes", "1MiB"], "--max-disk-bytes"),  # less than two segments
         (["--segment-bytes", "100"], "--segment-bytes"),
+        (["--max-pending-bytes", "0"], "--max-pending-bytes"),
         (["--namespace-cap", "nobytes"], "--namespace-cap"),
         (["--namespace-cap", "a=0"], "--namespace-cap"),
+        ([], "--bind and --root"),
     ],
 )
 def test_bad_values_name_the_flag(extra: list[str], flag: str) -> None:
     with pytest.raises(ValueError, match=flag):
-        make_config(BASE + extra)
+        make_config((BASE if extra else []) + extra)

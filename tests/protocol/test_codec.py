@@ -29,6 +29,8 @@ from protocol.messages import (
     KVPut,
     KVStats,
     KVStatsResult,
+    KVStoreConfig,
+    KVStoreReady,
     Ping,
     Pong,
     ProgressEvent,
@@ -42,12 +44,17 @@ from protocol.messages import (
     Usage,
     WorkerConfig,
 )
+from protocol.settings import KVStoreSettings, WorkerSettings
 
 EXAMPLES = [
     Hello(PROTOCOL_VERSION, "worker", 1234),
-    WorkerConfig(PROTOCOL_VERSION, "m", "/models/m", max_num_seqs=4, dtype="float32"),
+    WorkerConfig(PROTOCOL_VERSION, "m", "/models/m", WorkerSettings(max_num_seqs=4, dtype="float32"), 1 << 20,
+                 "ipc:///tmp/kv"),
     Ready(PROTOCOL_VERSION, "m", 8192, 8, 512, 256, "float32", "cpu", "blis", 1.5, 10, [2]),
     StartupFailed("no such file"),
+    KVStoreConfig(PROTOCOL_VERSION, "/cache/kv", "ipc:///tmp/kv",
+                  KVStoreSettings(max_disk_bytes=1 << 30, compression="none"), {"model-a": 1 << 20}),
+    KVStoreReady(PROTOCOL_VERSION, "/cache/kv", "ipc:///tmp/kv", 12, 1 << 20),
     Ping(7, 1.25),
     Pong(7, 1.25, 3, 1),
     Shutdown(2.0),

@@ -83,8 +83,8 @@ def main() -> int:
     if start_mode == "slow":
         time.sleep(30)
     send(Ready(protocol_version=PROTOCOL_VERSION, model_id=config.model_id, context_length=2048,
-               max_num_seqs=config.max_num_seqs, prefill_chunk_tokens=config.prefill_chunk_tokens,
-               block_tokens=config.block_tokens, dtype="float32", device="cpu", blas="fake",
+               max_num_seqs=config.settings.max_num_seqs, prefill_chunk_tokens=config.settings.prefill_chunk_tokens,
+               block_tokens=config.settings.block_tokens, dtype="float32", device="cpu", blas="fake",
                load_time_s=0.01, weights_bytes=0))
 
     active: dict[str, dict] = {}

@@ -14,7 +14,7 @@ def test_defaults() -> None:
     config = make_config()
     assert (config.host, config.port, config.api_key) == ("127.0.0.1", 8000, None)
     assert (config.heartbeat_s, config.ping_timeout_s, config.load_timeout_s) == (2.0, 60.0, 600.0)
-    assert (config.max_num_seqs, config.prefill_chunk_tokens, config.sse_keepalive_s) == (8, 512, 10.0)
+    assert (config.worker.max_num_seqs, config.worker.prefill_chunk_tokens, config.sse_keepalive_s) == (8, 512, 10.0)
     assert config.models_dir == config.home / "models"
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from router import cli, config as config_module
 from router.config import (
+    TABLES,
     MEMORY_RESERVE_BYTES,
     MIN_MEMORY_BUDGET_BYTES,
     ConfigError,
@@ -21,6 +22,8 @@ from router.config import (
     RouterConfig,
     auto_memory_budget,
     make_config,
+    setting_fields,
+    setting_value,
 )
 from router.config_file import API_KEY_ENV, DEFAULT, LoadedConfig, load_config, render_toml
 from router.profiles import Profile
@@ -98,12 +101,12 @@ def load(*argv: str) -> LoadedConfig:
 def test_defaults_then_file_then_flags(tmp_path: Path, key: str, file_line: str, argv: list[str],
                                        default: Any, from_file: Any, from_flag: Any) -> None:
     path = write(tmp_path, file_line + "\n")
-    assert getattr(load().config, key) == default
+    assert setting_value(load().config, key) == default
     with_file = load("--config", str(path))
-    assert getattr(with_file.config, key) == from_file
+    assert setting_value(with_file.config, key) == from_file
     assert with_file.sources[key] == str(path)
     with_flag = load("--config", str(path), *argv)
-    assert getattr(with_flag.config, key) == from_flag
+    assert setting_value(with_flag.config, key) == from_flag
     assert with_flag.sources[key] == argv[0]
 
 
@@ -258,7 +261,7 @@ def test_cli_serves_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(cli, "serve", lambda config: started.append(config) or 0)
     path = write(tmp_path, "port = 8123\nmax_queue = 3\n")
     assert cli.main(["serve", "--config", str(path), "--max-queue", "5"]) == 0
-    assert (started[0].port, started[0].max_queue, started[0].config) == (8123, 5, path)
+    assert (started[0].port, started[0].worker.max_queue, started[0].config) == (8123, 5, path)
 
 
 # ---------------------------------------------------------------- config show
@@ -315,7 +318,7 @@ def test_show_labels_each_source(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert line in lines, line
     top_level = lines[1:lines.index("")]
     assert all("  # " in line for line in top_level)
-    assert len(top_level) == len(dataclasses.fields(RouterConfig)) - 3  # all but config, models, profiles
+    assert len(top_level) == len(setting_fields()) - 1  # all but config (models, profiles: tables below)
     assert lines.index('[models."SmolLM2-135M-Instruct"]') < lines.index('[profiles."smol:coder"]')
 
 
@@ -330,14 +333,14 @@ def test_show_keeps_an_env_api_key_out(tmp_path: Path, capsys: pytest.CaptureFix
 
 def test_sources_cover_every_setting(tmp_path: Path) -> None:
     loaded = load("--config", str(write(tmp_path, "port = 1234\n")), "--max-queue", "2")
-    assert set(loaded.sources) == {f.name for f in dataclasses.fields(RouterConfig)}
+    assert set(loaded.sources) == {*setting_fields(), *TABLES}
     assert (loaded.sources["port"], loaded.sources["max_queue"], loaded.sources["host"]) == (
         str(tmp_path / "config.toml"), "--max-queue", DEFAULT)
     assert loaded.sources["config"] == "--config"
 
 
 def test_render_uses_the_sources(tmp_path: Path) -> None:
-    loaded = LoadedConfig(make_config({"port": 1}), {f.name: DEFAULT for f in dataclasses.fields(RouterConfig)})
+    loaded = LoadedConfig(make_config({"port": 1}), {name: DEFAULT for name in [*setting_fields(), *TABLES]})
     assert "port = 1  # default" in render_toml(loaded)
 
 

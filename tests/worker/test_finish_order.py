@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import AddRequest, SamplingParams, WorkerConfig
+from protocol.settings import WorkerSettings
+from protocol.messages import AddRequest, SamplingParams
 from tests.worker.test_prefix_cache import BLOCK, chat
 from tests.worker.tiny_models import make_tiny
 from worker.engine import Engine
@@ -30,7 +31,7 @@ class Recorder:
     def __init__(self, loaded) -> None:
         self.timeline: list[str] = []
         self.held: list = []
-        config = WorkerConfig(1, "tiny", "-", block_tokens=BLOCK, max_num_seqs=4)
+        config = WorkerSettings(block_tokens=BLOCK, max_num_seqs=4)
         self.cache = PrefixCache(loaded.model, loaded.fingerprint, BLOCK, 1 << 30, enabled=True, cold=None)
         capture_final = self.cache.capture_final
 

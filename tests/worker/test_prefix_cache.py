@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from protocol.messages import AddRequest, ErrorEvent, FinishEvent, SamplingParams, TokenEvent, WorkerConfig
+from protocol.settings import WorkerSettings
+from protocol.messages import AddRequest, ErrorEvent, FinishEvent, SamplingParams, TokenEvent
 from tests.worker.tiny_models import make_tiny
 from worker.engine import Engine
 from worker.prefix_cache import PrefixCache
@@ -21,7 +22,7 @@ class Harness:
 
     def __init__(self, loaded, *, cache: bool = True, budget: int = 1 << 30, chunk: int = 64, cold=None) -> None:
         self.events: list = []
-        config = WorkerConfig(1, "tiny", "-", block_tokens=BLOCK, prefill_chunk_tokens=chunk, max_num_seqs=4)
+        config = WorkerSettings(block_tokens=BLOCK, prefill_chunk_tokens=chunk, max_num_seqs=4)
         self.cache = PrefixCache(loaded.model, loaded.fingerprint, BLOCK, budget, enabled=cache, cold=cold)
         self.engine = Engine(loaded, config, self.events.append, self.cache)
         self._next = 0

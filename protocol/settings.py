@@ -1,0 +1,98 @@
+"""The settings the router hands its children, defined once.
+
+Each is a field of a frozen dataclass with its default and its one line of why (the
+`help` metadata): the router embeds these dataclasses in its own config (where each field
+is also a flag and a config-file key of the same name), and sends them whole in the
+handshake, so a worker or kvstore runs with exactly what the router was given and has no
+defaults of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+COMPRESSIONS = ("lz4", "none")
+
+
+def setting(default: Any, why: str, **extra: Any) -> Any:
+    """A dataclass field whose `help` metadata is its one line of why (flags, config show)."""
+    return field(default=default, metadata={"help": why, **extra})
+
+
+class SettingError(ValueError):
+    """A setting out of range; `key` names it, as a flag and a config-file key do."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def _positive(settings: Any, *keys: str) -> None:
+    for key in keys:
+        if not getattr(settings, key) > 0:
+            raise SettingError(key, f"must be > 0, got {getattr(settings, key)!r}")
+
+
+def _choices(settings: Any) -> None:
+    for f in dataclasses.fields(settings):
+        choices = f.metadata.get("choices")
+        if choices and getattr(settings, f.name) not in choices:
+            raise SettingError(f.name, f"must be one of {', '.join(choices)}, got {getattr(settings, f.name)!r}")
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How every worker schedules, caches and computes (one model's engine)."""
+
+    max_num_seqs: int = setting(8, "sequences decoded together; more raises throughput and memory use")
+    max_queue: int = setting(64, "requests a worker holds waiting for a slot before it refuses new ones")
+    prefill_chunk_tokens: int = setting(
+        512,
+        "prompt tokens prefilled per step, so decoding of other requests keeps moving during a long prompt",
+    )
+    batch_window_ms: int = setting(
+        10,
+        "when nothing is running, how long the first prompt of a burst waits for the rest to arrive, so "
+        "they are prefilled together (0: never wait)",
+    )
+    block_tokens: int = setting(256, "tokens per prefix-cache block (only full blocks are cached)")
+    prefix_cache: bool = setting(
+        True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
+    max_context_tokens: int = setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
+    default_max_tokens: int = setting(512, "output cap for requests that set no max_tokens")
+    dtype: str = setting(
+        "auto", "weight dtype the worker computes in; auto picks the fastest for the device", choices=DTYPES)
+
+    def check(self) -> None:
+        """Raise `SettingError` naming the first setting out of range."""
+        _positive(self, "max_num_seqs", "max_queue", "prefill_chunk_tokens", "block_tokens", "default_max_tokens")
+        for key in ("batch_window_ms", "max_context_tokens"):
+            if getattr(self, key) < 0:
+                raise SettingError(key, f"must be >= 0, got {getattr(self, key)!r}")
+        _choices(self)
+
+
+@dataclass(frozen=True)
+class KVStoreSettings:
+    """How the kvstore keeps the cold tier on disk."""
+
+    max_disk_bytes: int = setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
+    segment_bytes: int = setting(
+        64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
+    compression: str = setting("lz4", "compression of SSD blocks", choices=COMPRESSIONS)
+    max_pending_bytes: int = setting(
+        256 << 20, "bytes of SSD writes waiting for the disk before new ones are dropped (never waited on)")
+
+    def check(self) -> None:
+        """Raise `SettingError` naming the first setting out of range."""
+        _positive(self, "max_disk_bytes", "max_pending_bytes")
+        if self.segment_bytes < 4096:
+            raise SettingError("segment_bytes", f"must be at least 4096, got {self.segment_bytes}")
+        if self.max_disk_bytes < 2 * self.segment_bytes:
+            raise SettingError("max_disk_bytes", f"must be at least twice segment_bytes ({self.segment_bytes}), "
+                               f"got {self.max_disk_bytes}")
+        _choices(self)
