@@ -23,7 +23,6 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     AbortRequest,
     AddRequest,
-    ErrorEvent,
     EventBatch,
     Hello,
     Message,
@@ -283,10 +282,7 @@ def _handle(message: Message, channel: _Channel, engine: Engine, preparer: Promp
     if isinstance(message, AddRequest):
         log.debug("request %s received (%d waiting to be tokenized)", message.request_id, preparer.num_pending)
         if flags.drain_deadline is not None:
-            channel.send(ErrorEvent(
-                message.request_id, "the worker is shutting down; retry shortly",
-                status=503, error_type="server_error", code="worker_unavailable",
-            ))
+            engine.reject(message.request_id, _shutting_down())
             return
         try:
             engine.check_admissible(message.request_id, preparer.num_pending)
