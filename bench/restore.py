@@ -181,9 +181,9 @@ def run_service(model_dir: Path, home: Path, label: str, flags: list[str], max_t
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "cached_tokens": cache.get("cached_tokens"),
-        "ssd_tokens": cache.get("ssd_tokens"),
-        "ssd_bytes": cache.get("ssd_bytes"),
-        "ssd_fetch_s": timings.get("ssd_fetch_s"),
+        "ssd_tokens": cache.get("cold_tokens"),
+        "ssd_bytes": cache.get("cold_bytes"),
+        "ssd_fetch_s": timings.get("cold_fetch_s"),
         "page_cache_dropped": dropped,
         "stopped_gracefully": graceful,
         "other_cores": other,
@@ -324,7 +324,7 @@ def main() -> int:
             empty = Path(tempfile.mkdtemp(prefix="kvcache-empty-", dir=home))
             try:
                 run, result = run_service(model_dir, home, f"recompute #{i + 1}",
-                                          ["--cold-cache-dir", str(empty)], args.max_tokens, drop)
+                                          ["--kvstore-dir", str(empty)], args.max_tokens, drop)
             finally:
                 shutil.rmtree(empty, ignore_errors=True)
             run["answer_matches"] = result.text == first.text
@@ -381,7 +381,7 @@ def main() -> int:
                                        if fetch_s else None),
         },
         "disk": disk,
-        "recompute_baseline": "same restart, --cold-cache-dir set to a new empty directory",
+        "recompute_baseline": "same restart, --kvstore-dir set to a new empty directory",
         "page_cache": ("dropped (sync; echo 3 > drop_caches) after each service was ready and warmed up, "
                        "before the measured request, in both arms" if drop and ssd_runs[0]["page_cache_dropped"]
                        else "not dropped"),

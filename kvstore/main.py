@@ -261,11 +261,11 @@ def _open_and_serve(config: KVStoreConfig, parent_pid: int, flags: _Flags, conte
     try:
         root_lock = _lock_root(root, flags)
     except OSError as exc:
-        _startup_failed(control, f"cannot open the store at {root}: {exc} (check kv_cache_dir / --root)")
+        _startup_failed(control, f"cannot open the store at {root}: {exc} (check kvstore_root / --root)")
         return 2
     if root_lock is None:  # logged by _lock_root
         if control is not None:
-            control.send(StartupFailed(f"another kvstore is using {root} (give each service its own cold_cache_dir)"))
+            control.send(StartupFailed(f"another kvstore is using {root} (give each service its own kvstore_dir)"))
         return 2
     with root_lock:
         return _run(config, parent_pid, flags, context, control)
@@ -287,7 +287,7 @@ def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
             holder = f"pid {exc.pid}" if exc.pid else "unknown pid"
             if time.monotonic() > deadline or flags.stop_requested:
                 log.error("another kvstore (%s) is using %s; not starting a second one on it "
-                          "(give each service its own cold_cache_dir)", holder, root)
+                          "(give each service its own kvstore_dir)", holder, root)
                 return None
             if not waiting_logged:
                 log.info("waiting for the kvstore (%s) still using %s to exit", holder, root)
@@ -307,7 +307,7 @@ def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Con
             namespace_caps=config.namespace_caps,
         )
     except OSError as exc:
-        _startup_failed(control, f"cannot open the store at {config.root}: {exc} (check kv_cache_dir / --root)")
+        _startup_failed(control, f"cannot open the store at {config.root}: {exc} (check kvstore_root / --root)")
         return 2
     replies = make_socket(context, zmq.PAIR, REPLIES_ADDRESS, bind=True)
     queue = WriteQueue(settings.max_pending_bytes)

@@ -43,7 +43,7 @@ class WorkerConfig(Message):
     model_id: str
     model_path: str
     settings: WorkerSettings = field(default_factory=WorkerSettings)
-    hot_cache_bytes: int = 0  # this worker's hot-tier budget, sized by the pool from the memory budget
+    hot_tier_bytes: int = 0  # this worker's hot-tier budget, sized by the pool from the memory budget
     kvstore_address: str = ""  # the SSD cold tier; empty: hot tier only
 
 
@@ -64,7 +64,7 @@ class Ready(Message):
     load_time_s: float
     weights_bytes: int
     eos_token_ids: list[int] = field(default_factory=list)
-    hot_cache_bytes: int = 0
+    hot_tier_bytes: int = 0
     attention: str = "mlx"  # what runs attention: "mlx" or mlxd's CPU kernels
     vocab_size: int = 0  # token ids must be below it (logit_bias, prompt ids): checked in the router
     max_token_chars: int = 0  # longest token's text: prompts over context_length * this cannot fit
@@ -221,8 +221,8 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (hot or SSD)
-    ssd_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
-    ssd_bytes: int = 0  # KV bytes those blocks carried (as stored by the worker)
+    cold_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
+    cold_bytes: int = 0  # KV bytes those blocks carried (as stored by the worker)
 
 
 @dataclass
@@ -233,7 +233,7 @@ class Timings:
     decode_s: float = 0.0
     decode_tokens_per_s: float = 0.0
     prompt_tokens_per_s: float = 0.0
-    ssd_fetch_s: float = 0.0  # lookup + read + decode of the blocks restored from SSD
+    cold_fetch_s: float = 0.0  # lookup + read + decode of the blocks restored from SSD
 
 
 @dataclass

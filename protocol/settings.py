@@ -80,7 +80,7 @@ class WorkerSettings:
 class KVStoreSettings:
     """How the kvstore keeps the cold tier on disk."""
 
-    max_disk_bytes: int = setting(10 << 30, "disk cap of the SSD tier; least recently used blocks go first")
+    max_disk_bytes: int = setting(10 << 30, "disk cap of the cold tier; least recently used blocks go first")
     segment_bytes: int = setting(
         64 << 20, "size of one SSD segment file; disk use stays within max_disk_bytes + one segment")
     compression: str = setting("lz4", "compression of SSD blocks", choices=COMPRESSIONS)

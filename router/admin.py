@@ -41,6 +41,12 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
     recent = pool.recent.get(model_id, [])
     hits, misses = worker_stats.get("hits", 0), worker_stats.get("misses", 0)
     loaded = supervisor is not None
+    hot_tier = {
+        "bytes": worker_stats.get("hot_bytes", 0),
+        "budget_bytes": supervisor.ready.hot_tier_bytes if supervisor and supervisor.ready else 0,
+        "blocks": worker_stats.get("hot_blocks", 0),
+        "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
+    }
     return {
         "id": model_id,
         "kind": entry.kind,
@@ -57,12 +63,8 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
         "restarts": supervisor.num_restarts if supervisor else 0,
         "recent_prompt_tok_s": _rate([e.timings.prompt_tokens_per_s for e in recent]),
         "recent_decode_tok_s": _rate([e.timings.decode_tokens_per_s for e in recent]),
-        "hot_cache": {
-            "bytes": worker_stats.get("hot_bytes", 0),
-            "budget_bytes": supervisor.ready.hot_cache_bytes if supervisor and supervisor.ready else 0,
-            "blocks": worker_stats.get("hot_blocks", 0),
-            "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
-        },
+        "hot_tier": hot_tier,
+        "hot_cache": hot_tier,  # the old name, kept until 0.2 (README: Admin status)
     }
 
 
@@ -79,8 +81,8 @@ async def _kvstore_status(pool: WorkerPool) -> dict[str, Any] | None:
         "blocks": stats.get("num_blocks"),
         "segments": stats.get("num_segments"),
         "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
-        "write_queue_depth": sum(p.get("ssd_write_queue", 0) for p in pongs),
-        "dropped_writes": stats.get("dropped", 0) + sum(p.get("ssd_dropped_blocks", 0) for p in pongs),
+        "write_queue_depth": sum(p.get("cold_write_queue", 0) for p in pongs),
+        "dropped_writes": stats.get("dropped", 0) + sum(p.get("cold_dropped_blocks", 0) for p in pongs),
         "evictions": stats.get("evictions"),
         "namespaces": stats.get("namespaces", {}),
     }
@@ -152,7 +154,7 @@ async def unpin_model(request: Request) -> Response:
 
 async def restart_worker(request: Request) -> Response:
     """Restart one model's worker: in-flight requests drain, pending SSD writes are
-    flushed, and the new worker restores prefixes from the SSD tier. Answers when the
+    flushed, and the new worker restores prefixes from the cold tier. Answers when the
     new worker is ready."""
     pool = _pool(request)
     supervisor = pool.get(request.path_params["model_id"])

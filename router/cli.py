@@ -23,7 +23,7 @@ from typing import Any
 from protocol import log_format
 from protocol.errors import RequestError
 from protocol.locks import FileLock, LockHeld, try_lock
-from router.config import RouterConfig, setting_fields, setting_types
+from router.config import RENAMED_SETTINGS, RouterConfig, setting_fields, setting_types
 from router.config_values import ConfigError, flag_name
 from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
 from router.config_file import load_config, render_toml
@@ -52,7 +52,7 @@ def _metavar(key: str, kind: type) -> str:
     if kind is float:
         return "SECONDS" if key.endswith("_s") else "X"
     return {"api_key": "KEY", "home": "DIR", "model_dir": "DIR", "model": "MODEL", "config": "PATH",
-            "pin": "NAME", "cold_cache_dir": "DIR", "allowed_hosts": "NAME",
+            "pin": "NAME", "kvstore_dir": "DIR", "allowed_hosts": "NAME",
             "cors_origins": "ORIGIN"}.get(key, key.upper())
 
 
@@ -79,6 +79,11 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             metavar=None if f.metadata.get("choices") else _metavar(f.name, kind),
             help=help_text,
         )
+    for old, new in RENAMED_SETTINGS.items():  # old spellings, kept out of --help
+        kind = types[new]
+        parser.add_argument(flag_name(old), dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                            **({"action": argparse.BooleanOptionalAction} if kind is bool
+                               else {"type": kind if kind in (int, float) else str}))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"mlxd {command}: error: {describe_config_error(exc)}", file=sys.stderr)
         return 2
+    for warning in loaded.warnings:
+        print(f"mlxd {command}: warning: {warning}", file=sys.stderr)
     if args.command == "config":
         sys.stdout.write(render_toml(loaded))
         return 0

@@ -38,6 +38,13 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TABLES = ("models", "profiles")  # settings that are TOML tables, so they exist in the config file only
 # the children's settings, embedded whole; their fields are flags and top-level keys
 SECTIONS: dict[str, type] = {"worker": WorkerSettings, "kvstore": KVStoreSettings}
+# settings renamed when the cold tier, hot tier and kvstore got one name each:
+# the old config keys and flags still work, with a warning, and go in 0.2
+RENAMED_SETTINGS: Mapping[str, str] = {
+    "cold_cache": "cold_tier",
+    "cold_cache_dir": "kvstore_dir",
+    "hot_cache_bytes": "hot_tier_bytes",
+}
 MEMORY_RESERVE_BYTES = 8 << 30  # what the automatic memory budget leaves to the OS and other apps
 MIN_MEMORY_BUDGET_BYTES = 2 << 30  # the automatic budget never goes below this, even on a small machine
 
@@ -54,7 +61,7 @@ class ModelSettings:
     ttl_s: float | None = setting(None, "unload after this many idle seconds, freeing its memory (default: idle_timeout_s)")
     aliases: tuple[str, ...] = setting((), "other names clients may use for this model (e.g. the name another tool expects)")
     max_disk_bytes: int | None = setting(
-        None, "this model's cap in the SSD tier, so one busy model cannot push out every other's cache (default: none)"
+        None, "this model's cap in the cold tier, so one busy model cannot push out every other's cache (default: none)"
     )
 
     def __post_init__(self) -> None:
@@ -141,13 +148,17 @@ class RouterConfig:
         default_factory=WorkerSettings,
         metadata={"help": "what every worker runs with (protocol.settings.WorkerSettings)", "section": True},
     )
-    cold_cache: bool = setting(True, "keep prefix blocks on disk too (the kvstore process), so they survive memory pressure and restarts")
-    cold_cache_dir: Path | None = setting(None, "where the SSD tier keeps its segments and index (default HOME/kvcache)")
+    cold_tier: bool = setting(
+        True, "the cold tier: keep prefix blocks on disk too (in the kvstore process), so they survive memory "
+              "pressure and restarts")
+    kvstore_dir: Path | None = setting(None, "where the kvstore keeps the cold tier's segments and index (default HOME/kvcache)")
     kvstore: KVStoreSettings = field(
         default_factory=KVStoreSettings,
         metadata={"help": "what the kvstore runs with (protocol.settings.KVStoreSettings)", "section": True},
     )
-    hot_cache_bytes: int = setting(0, "in-memory prefix cache budget per worker in bytes; 0 means an eighth of the memory budget (at least 256 MB)")
+    hot_tier_bytes: int = setting(
+        0, "the hot tier's budget per worker in bytes (prefix blocks in the worker's memory); 0 means an eighth of "
+           "the memory budget (at least 256 MB)")
     # --- supervision
     heartbeat_s: float = setting(2.0, "seconds between pings to each worker and the kvstore")
     ping_timeout_s: float = setting(
@@ -180,9 +191,9 @@ class RouterConfig:
         _check(self)
 
     @property
-    def kv_cache_dir(self) -> Path:
-        """Directory of the SSD tier (segments + index)."""
-        return self.cold_cache_dir if self.cold_cache_dir is not None else self.home / "kvcache"
+    def kvstore_root(self) -> Path:
+        """Directory of the cold tier (segments + index)."""
+        return self.kvstore_dir if self.kvstore_dir is not None else self.home / "kvcache"
 
     @property
     def models_dir(self) -> Path:
@@ -244,7 +255,7 @@ def _check(config: RouterConfig) -> None:
     for key in positive:
         if not getattr(config, key) > 0:
             raise ConfigError(key, f"must be > 0, got {getattr(config, key)!r}")
-    for key in ("hot_cache_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s"):
+    for key in ("hot_tier_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s"):
         if getattr(config, key) < 0:
             raise ConfigError(key, f"must be >= 0, got {getattr(config, key)!r}")
     if not 0 < config.port < 65536:

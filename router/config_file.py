@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from router.config import (
+    RENAMED_SETTINGS,
     TABLES,
     RouterConfig,
     default_home,
@@ -59,6 +60,29 @@ class LoadedConfig:
     config: RouterConfig
     # setting -> DEFAULT, the config file's path, "--flag" or "$MLXD_API_KEY"
     sources: Mapping[str, str]
+    # what the user should change, though it works: old names of renamed settings
+    warnings: tuple[str, ...] = ()
+
+
+def current_names(values: Mapping[str, Any], source: str | None, warnings: list[str]) -> dict[str, Any]:
+    """`values` under the settings' current names. An old name (RENAMED_SETTINGS) still
+    works for one release, so an upgrade never stops a service over a name; it adds a
+    warning. Old and new name together are an error: which one was meant is unknowable.
+    `source` is the config file's path, or None for flags."""
+    spell = flag_name if source is None else str
+    renamed: dict[str, Any] = {}
+    for key, value in values.items():
+        new = RENAMED_SETTINGS.get(key)
+        if new is None:
+            renamed[key] = value
+            continue
+        if new in values:
+            raise ConfigError(key, f"is the old name of {spell(new)}; give only {spell(new)}",
+                              source or flag_name(key))
+        renamed[new] = value
+        where = f"{source}: " if source else ""
+        warnings.append(f"{where}{spell(key)} is now called {spell(new)}; the old name works until mlxd 0.2")
+    return renamed
 
 
 def default_config_path(home: Path) -> Path:
@@ -66,7 +90,7 @@ def default_config_path(home: Path) -> Path:
     return home / CONFIG_FILE_NAME
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path, warnings: list[str] | None = None) -> dict[str, Any]:
     """The settings in the TOML file at `path`, type-checked (a TOML string is never taken
     for a number). Relative paths in it are relative to the file, not to wherever mlxd
     happens to be started. Any problem raises ConfigError naming the file and the key.
@@ -79,6 +103,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(None, f"not valid TOML: {exc}", source) from None
     except OSError as exc:
         raise ConfigError(None, f"cannot read it: {exc.strerror or exc}", source) from None
+    raw = current_names(raw, source, [] if warnings is None else warnings)
     hints = setting_hints()
     file_keys = [*(name for name, f in setting_fields().items() if not f.metadata.get("cli_only")), *TABLES]
     values: dict[str, Any] = {}
@@ -124,12 +149,13 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = No
     path = _config_path(flags)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    warnings: list[str] = []
     if path is not None:
-        for key, value in read_config_file(path).items():
+        for key, value in read_config_file(path, warnings).items():
             values[key], sources[key] = value, str(path)
     if environ.get(API_KEY_ENV):
         values["api_key"], sources["api_key"] = environ[API_KEY_ENV], f"${API_KEY_ENV}"
-    for key, value in flags.items():
+    for key, value in current_names(flags, None, warnings).items():
         if key != "config":
             values[key], sources[key] = value, flag_name(key)
     values["config"] = path
@@ -140,7 +166,8 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = No
     except ConfigError as exc:
         top = exc.key.split(".")[0] if exc.key else None
         raise exc.at(sources.get(top) if top else None) from None
-    return LoadedConfig(config, {name: sources.get(name, DEFAULT) for name in [*setting_fields(), *TABLES]})
+    return LoadedConfig(config, {name: sources.get(name, DEFAULT) for name in [*setting_fields(), *TABLES]},
+                        tuple(warnings))
 
 
 def toml_value(value: Any) -> str:

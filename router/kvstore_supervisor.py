@@ -66,7 +66,7 @@ class KVStoreSupervisor(ChildSupervisor):
                  command: tuple[str, ...] = DEFAULT_KVSTORE_COMMAND) -> None:
         super().__init__("kvstore", "kvstore", config, client)
         self.address = ipc_address(runtime_dir, "kvstore")
-        self.root = config.kv_cache_dir
+        self.root = config.kvstore_root
         self.command = command
         self.ready: KVStoreReady | None = None
         self._ids = itertools.count(1)

@@ -83,7 +83,7 @@ class WorkerPool:
         self.client = WorkerClient(ipc_address(self.runtime_dir, "workers"))
         await self.client.start()
         try:
-            if self.config.cold_cache and self.config.worker.prefix_cache:
+            if self.config.cold_tier and self.config.worker.prefix_cache:
                 self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir, self.client)
                 await self.kvstore.start()
             unknown = sorted(self.pinned - set(self.registry) - set(self.aliases))
@@ -177,11 +177,11 @@ class WorkerPool:
     # ------------------------------------------------------------ load / unload
 
     def need_bytes(self, entry: ModelEntry) -> int:
-        return entry.weights_bytes + self.hot_cache_bytes() + RUNTIME_OVERHEAD_BYTES
+        return entry.weights_bytes + self.hot_tier_bytes() + RUNTIME_OVERHEAD_BYTES
 
-    def hot_cache_bytes(self) -> int:
+    def hot_tier_bytes(self) -> int:
         """Each worker's hot-tier budget: as configured, or an eighth of the budget."""
-        return self.config.hot_cache_bytes or max(256 << 20, self.budget_bytes // 8)
+        return self.config.hot_tier_bytes or max(256 << 20, self.budget_bytes // 8)
 
     def used_bytes(self, exclude: str | None = None) -> int:
         total = 0
@@ -215,7 +215,7 @@ class WorkerPool:
             if need > self.budget_bytes:
                 raise RequestError(
                     f"model '{model_id}' needs about {need / 1e9:.2f} GB but the memory budget is "
-                    f"{self.budget_bytes / 1e9:.2f} GB; raise memory_budget_bytes or lower hot_cache_bytes",
+                    f"{self.budget_bytes / 1e9:.2f} GB; raise memory_budget_bytes or lower hot_tier_bytes",
                     status=503, error_type="server_error", code="insufficient_memory")
             await self._make_room(model_id, need)
             if entry.needs_conversion:
@@ -224,7 +224,7 @@ class WorkerPool:
                 entry = self.registry[model_id] = model_registry.entry_for(model_id, path)
             supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command)
             supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
-            supervisor.hot_cache_bytes = self.hot_cache_bytes()
+            supervisor.hot_tier_bytes = self.hot_tier_bytes()
             self.supervisors[model_id] = supervisor
             self.states[model_id] = "loading"
             logger.info("loading %s (needs ~%.2f GB; %.2f of %.2f GB in use)", model_id, need / 1e9,

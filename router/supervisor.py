@@ -56,8 +56,8 @@ class WorkerSupervisor(ChildSupervisor):
         self.worker_command = tuple(worker_command)
         self.ready: Ready | None = None
         self.last_pong: Pong | None = None
-        self.kvstore_address = ""  # set by the pool when the SSD tier runs
-        self.hot_cache_bytes = config.hot_cache_bytes  # set by the pool from the memory budget
+        self.kvstore_address = ""  # set by the pool when the cold tier runs
+        self.hot_tier_bytes = config.hot_tier_bytes  # set by the pool from the memory budget
 
     # ---------------------------------------------------------------- public
 
@@ -125,5 +125,5 @@ class WorkerSupervisor(ChildSupervisor):
 
     def _worker_config(self) -> WorkerConfig:
         return WorkerConfig(protocol_version=PROTOCOL_VERSION, model_id=self.model_id, model_path=str(self.model_path),
-                            settings=self.config.worker, hot_cache_bytes=self.hot_cache_bytes,
+                            settings=self.config.worker, hot_tier_bytes=self.hot_tier_bytes,
                             kvstore_address=self.kvstore_address)

@@ -76,10 +76,10 @@ class ActiveRequest:
                 (len(self.prompt_ids) - self.cached_tokens) / (first - started)
                 if first > started else 0.0
             ),
-            ssd_fetch_s=self.plan.ssd_fetch_s,
+            cold_fetch_s=self.plan.cold_fetch_s,
         )
 
     def usage(self, block_tokens: int) -> Usage:
         """Token counts for the finish; SSD tokens are whole blocks of `block_tokens`."""
         return Usage(len(self.prompt_ids), self.num_generated, self.cached_tokens,
-                     self.plan.ssd_blocks * block_tokens, self.plan.ssd_bytes)
+                     self.plan.cold_blocks * block_tokens, self.plan.cold_bytes)

@@ -102,14 +102,14 @@ class Admitter:
             plan = self._prefix_cache.plan(prompt_ids, request.cache_salt)
         else:  # what was not read ahead is not read now: the engine loop never waits for the disk
             plan = self._prefix_cache.plan(prompt_ids, request.cache_salt, prepared.read_ahead, fetch=False)
-        if plan.ssd_blocks:
+        if plan.cold_blocks:
             log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
-                     request.request_id, plan.ssd_blocks, plan.ssd_bytes / 1e6, plan.ssd_fetch_s * 1e3,
-                     plan.ssd_bytes / 1e6 / plan.ssd_fetch_s if plan.ssd_fetch_s else 0.0)
+                     request.request_id, plan.cold_blocks, plan.cold_bytes / 1e6, plan.cold_fetch_s * 1e3,
+                     plan.cold_bytes / 1e6 / plan.cold_fetch_s if plan.cold_fetch_s else 0.0)
         if self._prefix_cache.enabled:
             log.info(
-                "request %s: prefix hit %d/%d tokens: %d hot + %d ssd blocks + %d tail tokens, %d recomputed",
-                request.request_id, plan.cached_tokens, len(prompt_ids), plan.hot_blocks, plan.ssd_blocks,
+                "request %s: prefix hit %d/%d tokens: %d hot + %d cold blocks + %d tail tokens, %d recomputed",
+                request.request_id, plan.cached_tokens, len(prompt_ids), plan.hot_blocks, plan.cold_blocks,
                 plan.tail_tokens, len(prompt_ids) - plan.cached_tokens,
             )
         return plan

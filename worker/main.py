@@ -184,13 +184,13 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas, loaded.attention,
         loaded.weights_bytes / 1e6, loaded.context_length,
     )
-    budget = config.hot_cache_bytes  # sized by the router's pool from the memory budget
+    budget = config.hot_tier_bytes  # sized by the router's pool from the memory budget
     cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and settings.prefix_cache else None
     prefix_cache = PrefixCache(
         loaded.model, loaded.fingerprint, settings.block_tokens, budget, enabled=settings.prefix_cache, cold=cold
     )
     log.info(
-        "prefix cache %s: blocks of %d tokens, hot tier %.0f MB, SSD tier %s",
+        "prefix cache %s: blocks of %d tokens, hot tier %.0f MB, cold tier %s",
         "on" if prefix_cache.enabled else "off", settings.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
         config.kvstore_address or "off",
     )
@@ -208,7 +208,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         load_time_s=loaded.load_time_s,
         weights_bytes=loaded.weights_bytes,
         eos_token_ids=engine.eos_token_ids,
-        hot_cache_bytes=prefix_cache.hot.budget_bytes,
+        hot_tier_bytes=prefix_cache.hot.budget_bytes,
         attention=loaded.attention,
         vocab_size=engine.vocab_size,
         max_token_chars=engine.max_token_chars,

@@ -1,7 +1,7 @@
 """The worker's prefix cache: which part of a prompt is already computed, and capture of
 new blocks as prefill and decoding produce them.
 
-Ties the block-key rule (`protocol.block_keys`), the hot tier (`worker.hot_cache`) and
+Ties the block-key rule (`protocol.block_keys`), the hot tier (`worker.hot_tier`) and
 the MLX payloads (`worker.kv_blocks`) together for the engine. Besides whole blocks, a
 finished request leaves a *tail*: its tokens after the last whole block, keyed by that
 block. The next turn of a conversation starts with exactly those tokens, so it
@@ -22,7 +22,7 @@ import mlx.nn as nn
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from worker.cold_tier import ColdTier, ColdTierStats
-from worker.hot_cache import HotCache
+from worker.hot_tier import HotTier
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
 
 log = logging.getLogger(__name__)
@@ -65,9 +65,9 @@ class PrefixPlan:
     salt: str | None = None
     cached_tokens: int = 0
     hot_blocks: int = 0
-    ssd_blocks: int = 0
-    ssd_bytes: int = 0
-    ssd_fetch_s: float = 0.0
+    cold_blocks: int = 0
+    cold_bytes: int = 0
+    cold_fetch_s: float = 0.0
     tail_tokens: int = 0
     captured_blocks: int = 0  # whole blocks known to be stored, from the start
     caches: list[Any] | None = field(default=None, repr=False)
@@ -86,7 +86,7 @@ class PrefixCache:
         self.cold = cold
         self.fingerprint = fingerprint
         self.block_tokens = block_tokens
-        self.hot = HotCache(budget_bytes if enabled else 0)
+        self.hot = HotTier(budget_bytes if enabled else 0)
         kinds = layer_kinds(model) if enabled else None
         self.kinds = kinds or []
         self.enabled = enabled and kinds is not None and budget_bytes > 0
@@ -153,12 +153,12 @@ class PrefixCache:
                 fetched = self.cold.decode_run(read_ahead.blocks[len(run) - read_ahead.start :])
             else:  # hot blocks before it were evicted meanwhile: it cannot be used
                 fetched = []
-            plan.ssd_fetch_s = time.perf_counter() - started + (read_ahead.fetch_s if read_ahead else 0.0)
-            plan.ssd_bytes = sum(p.nbytes for p in fetched)
+            plan.cold_fetch_s = time.perf_counter() - started + (read_ahead.fetch_s if read_ahead else 0.0)
+            plan.cold_bytes = sum(p.nbytes for p in fetched)
             for key, payload in zip(keys[len(run) :], fetched):
                 self.hot.put(key, payload, payload.nbytes)
             run += fetched
-            plan.ssd_blocks = len(fetched)
+            plan.cold_blocks = len(fetched)
         plan.captured_blocks = len(run)
         start = len(run) * block
         tail = self._find_tail(self._parent(keys, len(run), salt), prompt_ids[start : len(prompt_ids) - 1])
@@ -248,14 +248,14 @@ class PrefixCache:
         s = self.hot.stats
         cold = self.cold.stats if self.cold is not None else ColdTierStats()
         return {
-            "ssd_fetched_blocks": cold.fetched_blocks,
-            "ssd_fetch_s": cold.fetch_s,
-            "ssd_corrupt_blocks": cold.corrupt_blocks,
-            "ssd_read_timeouts": cold.read_timeouts,
-            "ssd_skipped_fetches": cold.skipped_fetches,
-            "ssd_queued_blocks": cold.queued_blocks,
-            "ssd_dropped_blocks": cold.dropped_blocks,
-            "ssd_write_queue": self.cold.queue_depth() if self.cold else 0,
+            "cold_fetched_blocks": cold.fetched_blocks,
+            "cold_fetch_s": cold.fetch_s,
+            "cold_corrupt_blocks": cold.corrupt_blocks,
+            "cold_read_timeouts": cold.read_timeouts,
+            "cold_skipped_fetches": cold.skipped_fetches,
+            "cold_queued_blocks": cold.queued_blocks,
+            "cold_dropped_blocks": cold.dropped_blocks,
+            "cold_write_queue": self.cold.queue_depth() if self.cold else 0,
             "hot_bytes": self.hot.used_bytes,
             "hot_budget_bytes": self.hot.budget_bytes,
             "hot_blocks": len(self.hot),

@@ -69,9 +69,11 @@ def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str,
     """mlxd's own per-request timings and cache use, beside the OpenAI fields (clients
     ignore it)."""
     extension: dict[str, Any] = {"timings": {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}}
+    extension["timings"]["ssd_fetch_s"] = extension["timings"]["cold_fetch_s"]  # old names: go in 0.2
     if usage is not None:
-        extension["cache"] = {"cached_tokens": usage.cached_tokens, "ssd_tokens": usage.ssd_tokens,
-                              "ssd_bytes": usage.ssd_bytes}
+        extension["cache"] = {"cached_tokens": usage.cached_tokens, "cold_tokens": usage.cold_tokens,
+                              "cold_bytes": usage.cold_bytes,
+                              "ssd_tokens": usage.cold_tokens, "ssd_bytes": usage.cold_bytes}
     return extension
 
 

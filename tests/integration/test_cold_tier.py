@@ -1,4 +1,4 @@
-"""The SSD tier on the real default model: prefixes survive a worker restart and a full
+"""The cold tier on the real default model: prefixes survive a worker restart and a full
 service restart, and answers restored from disk equal answers computed from scratch."""
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ def test_worker_restart_restores_the_prefix_from_ssd(default_model_dir: Path, ho
         assert r.json()["pid"] != pid and r.json()["state"] == "ready"
         restored = ask(svc, model, "ssd-1")
         cache = restored["mlxd"]["cache"]
-        assert cache["ssd_tokens"] >= 512
-        assert restored["usage"]["prompt_tokens_details"]["cached_tokens"] >= cache["ssd_tokens"]
+        assert cache["cold_tokens"] >= 512
+        assert restored["usage"]["prompt_tokens_details"]["cached_tokens"] >= cache["cold_tokens"]
         assert restored["choices"][0]["message"]["content"] == scratch["choices"][0]["message"]["content"]
-        assert "ssd blocks" in svc.log_text()
+        assert "cold blocks" in svc.log_text()
     finally:
         svc.stop()
 
@@ -65,10 +65,10 @@ def test_full_service_restart_keeps_the_cache(default_model_dir: Path, home: Pat
     svc = start(default_model_dir, home)
     try:
         restored = ask(svc, model, "ssd-2")
-        assert restored["mlxd"]["cache"]["ssd_tokens"] >= 512
+        assert restored["mlxd"]["cache"]["cold_tokens"] >= 512
         assert restored["choices"][0]["message"]["content"] == scratch["choices"][0]["message"]["content"]
         # and the first module's prefix (another salt) is still on disk too
-        assert ask(svc, model, "ssd-1")["mlxd"]["cache"]["ssd_tokens"] >= 512
+        assert ask(svc, model, "ssd-1")["mlxd"]["cache"]["cold_tokens"] >= 512
     finally:
         svc.stop()
 
@@ -83,7 +83,7 @@ def test_a_killed_kvstore_is_restarted_and_requests_go_on(default_model_dir: Pat
         model = httpx.get(f"{svc.base_url}/v1/models").json()["data"][0]["id"]
         pid = svc.health()["kvstore"]["pid"]
         os.kill(pid, signal.SIGKILL)
-        # requests do not depend on the SSD tier being up: a miss, not an error
+        # requests do not depend on the cold tier being up: a miss, not an error
         assert ask(svc, model, "kv-down")["choices"][0]["message"]["content"]
         deadline = time.monotonic() + 30
         while True:

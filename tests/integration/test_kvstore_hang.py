@@ -30,7 +30,7 @@ NUM_PROMPTS = 4
 # --kvstore-ping-timeout-s: the restart comes after the burst's NUM_PROMPTS reads, so the
 # worker's back-off is what is measured, not the restart cutting the stall short
 PING_TIMEOUT_S = 12.0
-# Small blocks: short prompts reach the SSD tier, and their prefill costs little next to the
+# Small blocks: short prompts reach the cold tier, and their prefill costs little next to the
 # read timeouts measured here (and does not swing with the load on the machine).
 BLOCK_TOKENS = 16
 

@@ -66,8 +66,8 @@ def budget_for_one(model_dir: Path) -> int:
 def start(model_dir: Path, home: Path, *, config: str = "", extra: list[str] | None = None) -> Service:
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(config)
-    svc = Service(["--model-dir", str(model_dir), "--model", DEFAULT, "--hot-cache-bytes", str(HOT),
-                   "--memory-budget-bytes", str(budget_for_one(model_dir)), "--no-cold-cache", *(extra or [])],
+    svc = Service(["--model-dir", str(model_dir), "--model", DEFAULT, "--hot-tier-bytes", str(HOT),
+                   "--memory-budget-bytes", str(budget_for_one(model_dir)), "--no-cold-tier", *(extra or [])],
                   home=home)
     svc.wait_ready()
     return svc
@@ -180,14 +180,16 @@ def check_status_schema(body: dict) -> None:
     assert set(memory) >= {"total_bytes", "available_bytes", "budget_bytes", "used_bytes", "workers"}
     assert memory["total_bytes"] == psutil.virtual_memory().total
     model_keys = {"id", "kind", "state", "pinned", "ttl_s", "ttl_left_s", "last_used", "pid", "rss_bytes",
-                  "requests_in_flight", "recent_prompt_tok_s", "recent_decode_tok_s", "hot_cache"}
+                  "requests_in_flight", "recent_prompt_tok_s", "recent_decode_tok_s", "hot_tier",
+                  "hot_cache"}
     for model in body["models"]:
         assert set(model) >= model_keys
         if model["state"] in ("ready", "idle"):
             assert psutil.pid_exists(model["pid"])
             assert 100 << 20 < model["rss_bytes"] < memory["total_bytes"]
             assert memory["workers"][model["id"]] > 0
-            assert model["hot_cache"]["budget_bytes"] == HOT
+            assert model["hot_tier"]["budget_bytes"] == HOT
+            assert model["hot_cache"] == model["hot_tier"]  # the old name, until 0.2
     assert isinstance(body["requests"], list)
 
 

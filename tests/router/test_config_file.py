@@ -134,9 +134,9 @@ def test_env_api_key_is_between_file_and_flags(tmp_path: Path) -> None:
 
 
 def test_relative_paths_in_the_file_are_relative_to_it(tmp_path: Path) -> None:
-    path = write(tmp_path, 'model_dir = "models"\ncold_cache_dir = "/abs/kv"\n')
+    path = write(tmp_path, 'model_dir = "models"\nkvstore_dir = "/abs/kv"\n')
     config = load("--config", str(path)).config
-    assert (config.model_dir, config.cold_cache_dir) == (tmp_path / "models", Path("/abs/kv"))
+    assert (config.model_dir, config.kvstore_dir) == (tmp_path / "models", Path("/abs/kv"))
 
 
 def test_tables_are_parsed(tmp_path: Path) -> None:
@@ -284,7 +284,7 @@ def _values(shown: str) -> list[str]:
 @pytest.mark.parametrize("text, argv", [
     ("", []),
     (RICH, []),
-    (RICH, ["--port", "9000", "--pin", "a", "--no-cold-cache", "--home", "/tmp/elsewhere"]),
+    (RICH, ["--port", "9000", "--pin", "a", "--no-cold-tier", "--home", "/tmp/elsewhere"]),
     ('[models."we\\"ird/na.me"]\naliases = ["é😀", "tab\\there"]\n'
      '[profiles."we\\"ird/na.me:p"]\nstop = "###"\n', ["--host", "0.0.0.0", "--api-key", "k"]),
 ])
@@ -302,10 +302,10 @@ def test_show_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str], te
 
 def test_show_labels_each_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, RICH)
-    lines = _show(["--config", str(path), "--port", "9000", "--no-cold-cache"], capsys).splitlines()
+    lines = _show(["--config", str(path), "--port", "9000", "--no-cold-tier"], capsys).splitlines()
     for line in (f"# mlxd effective configuration (read from {path}); each comment says where a value came from",
                  "port = 9000  # --port",
-                 "cold_cache = false  # --cold-cache",
+                 "cold_tier = false  # --cold-tier",
                  f"idle_timeout_s = 900.0  # {path}",
                  f'pin = ["SmolLM2-135M-Instruct"]  # {path}',
                  f'model_dir = "{tmp_path / "models"}"  # {path}',
@@ -388,3 +388,44 @@ def test_tables_have_no_flags(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "--pin NAME" in out and "--config PATH" in out and "--idle-timeout-s" in out
     assert "--models" not in out and "--profiles" not in out
+
+
+# ---------------------------------------------------------------- renamed settings
+
+
+def test_old_names_still_work_with_a_warning(tmp_path: Path) -> None:
+    """cold_cache / cold_cache_dir / hot_cache_bytes (and their flags) were renamed; an
+    upgraded service keeps its settings and is told the new names."""
+    path = write(tmp_path, 'cold_cache = false\ncold_cache_dir = "kv"\nhot_cache_bytes = 1000\n')
+    loaded = load("--config", str(path))
+    assert (loaded.config.cold_tier, loaded.config.kvstore_dir, loaded.config.hot_tier_bytes) == (
+        False, tmp_path / "kv", 1000)
+    assert loaded.sources["kvstore_dir"] == str(path)
+    assert len(loaded.warnings) == 3
+    assert any("cold_cache_dir is now called kvstore_dir" in w for w in loaded.warnings), loaded.warnings
+    by_flag = load("--no-cold-cache", "--cold-cache-dir", "/kv", "--hot-cache-bytes", "7")
+    assert (by_flag.config.cold_tier, by_flag.config.kvstore_dir, by_flag.config.hot_tier_bytes) == (
+        False, Path("/kv"), 7)
+    assert by_flag.sources["hot_tier_bytes"] == "--hot-tier-bytes"
+    assert any("--hot-cache-bytes is now called --hot-tier-bytes" in w for w in by_flag.warnings)
+    assert load("--hot-tier-bytes", "7").warnings == ()
+
+
+def test_old_and_new_name_together_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "serve", lambda config: pytest.fail("must not start serving"))
+    path = write(tmp_path, "hot_cache_bytes = 1\nhot_tier_bytes = 2\n")
+    assert cli.main(["serve", "--config", str(path)]) == 2
+    assert "hot_cache_bytes: is the old name of hot_tier_bytes" in capsys.readouterr().err
+    assert cli.main(["serve", "--cold-cache-dir", "/a", "--kvstore-dir", "/b"]) == 2
+    assert "--cold-cache-dir: is the old name of --kvstore-dir" in capsys.readouterr().err
+
+
+def test_the_cli_prints_the_rename_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["config", "show", "--no-cold-cache"]) == 0
+    captured = capsys.readouterr()
+    assert "cold_tier = false  # --cold-tier" in captured.out
+    assert "warning: --cold-cache is now called --cold-tier" in captured.err
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    assert "--cold-cache" not in capsys.readouterr().out  # the old flags stay out of --help

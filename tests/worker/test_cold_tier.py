@@ -49,8 +49,8 @@ def test_restore_from_ssd_equals_scratch(arch: str, kvstore: str, default_model_
     reader = Harness(tiny, cold=ColdTier(kvstore, f"tiny-{arch}"))
     got, second = reader.ask(question)
     assert got == expected
-    assert second.usage.ssd_tokens >= 4 * BLOCK
-    assert second.usage.cached_tokens >= second.usage.ssd_tokens
+    assert second.usage.cold_tokens >= 4 * BLOCK
+    assert second.usage.cached_tokens >= second.usage.cold_tokens
     reader.cache.cold.close()
 
 
@@ -59,7 +59,7 @@ def test_a_dead_kvstore_is_a_miss_not_a_failure(default_model_dir: Path) -> None
     nowhere = ipc_address(Path(tempfile.mkdtemp(prefix="kvt-", dir="/tmp")), "none")
     h = Harness(tiny, cold=ColdTier(nowhere, "tiny"))
     ids, finish = h.ask(chat("What is topic 4?"))
-    assert ids and finish.usage.ssd_tokens == 0
+    assert ids and finish.usage.cold_tokens == 0
     h.cache.cold.close()
 
 
@@ -75,7 +75,7 @@ def test_two_models_never_read_each_others_blocks(kvstore: str, default_model_di
         reader = Harness(other, cold=ColdTier(kvstore, namespace))
         expected, _ = Harness(other).ask(question)
         got, finish = reader.ask(question)
-        assert finish.usage.ssd_tokens == 0 and finish.usage.cached_tokens == 0
+        assert finish.usage.cold_tokens == 0 and finish.usage.cached_tokens == 0
         assert got == expected
         reader.cache.cold.close()
 
@@ -101,7 +101,7 @@ def test_blocks_read_ahead_restore_like_a_read_on_the_loop(kvstore: str, default
     reader.run()
     got, finish = reader.result("ahead")
     assert got == expected
-    assert finish.usage.ssd_tokens == len(prepared.read_ahead.blocks) * BLOCK >= 4 * BLOCK
+    assert finish.usage.cold_tokens == len(prepared.read_ahead.blocks) * BLOCK >= 4 * BLOCK
 
     # a fresh engine: the read-ahead claims to start at block 2, but blocks 0-1 are not hot
     gap = Harness(tiny, cold=ColdTier(kvstore, "tiny-ahead"))
@@ -110,8 +110,8 @@ def test_blocks_read_ahead_restore_like_a_read_on_the_loop(kvstore: str, default
     assert ahead is not None
     ahead.start = 2
     plan = gap.cache.plan(ids, None, ahead, fetch=False)
-    assert plan.ssd_blocks == 0 and plan.cached_tokens == 0
+    assert plan.cold_blocks == 0 and plan.cached_tokens == 0
     # and without a read-ahead, fetch=False reads nothing at all
-    assert gap.cache.plan(ids, None, None, fetch=False).ssd_blocks == 0
+    assert gap.cache.plan(ids, None, None, fetch=False).cold_blocks == 0
     for h in (reader, gap):
         h.cache.cold.close()

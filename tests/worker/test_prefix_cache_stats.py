@@ -11,13 +11,13 @@ from worker.cold_tier import ColdTierStats
 from worker.prefix_cache import PrefixCache
 
 REPORTED_AS = {  # ColdTierStats field -> its key in the pong's stats
-    "fetched_blocks": "ssd_fetched_blocks",
-    "fetch_s": "ssd_fetch_s",
-    "corrupt_blocks": "ssd_corrupt_blocks",
-    "read_timeouts": "ssd_read_timeouts",
-    "skipped_fetches": "ssd_skipped_fetches",
-    "queued_blocks": "ssd_queued_blocks",
-    "dropped_blocks": "ssd_dropped_blocks",
+    "fetched_blocks": "cold_fetched_blocks",
+    "fetch_s": "cold_fetch_s",
+    "corrupt_blocks": "cold_corrupt_blocks",
+    "read_timeouts": "cold_read_timeouts",
+    "skipped_fetches": "cold_skipped_fetches",
+    "queued_blocks": "cold_queued_blocks",
+    "dropped_blocks": "cold_dropped_blocks",
 }
 
 
@@ -39,6 +39,6 @@ def test_every_cold_tier_counter_is_reported(default_model_dir: Path) -> None:
     assert {key: stats[key] for key in REPORTED_AS.values()} == {
         REPORTED_AS[name]: value for name, value in asdict(cold.stats).items()
     }
-    assert stats["ssd_write_queue"] == 9
+    assert stats["cold_write_queue"] == 9
     without = PrefixCache(tiny.model, tiny.fingerprint, 32, 1 << 20).stats()
-    assert all(without[key] == 0 for key in [*REPORTED_AS.values(), "ssd_write_queue"])
+    assert all(without[key] == 0 for key in [*REPORTED_AS.values(), "cold_write_queue"])

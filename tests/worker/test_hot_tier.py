@@ -7,7 +7,7 @@ import random
 import pytest
 
 from protocol.block_keys import BlockKey
-from worker.hot_cache import HotCache
+from worker.hot_tier import HotTier
 
 
 def key(i: int) -> BlockKey:
@@ -15,7 +15,7 @@ def key(i: int) -> BlockKey:
 
 
 def test_longest_run_stops_at_first_missing_block() -> None:
-    cache = HotCache(1000)
+    cache = HotTier(1000)
     for i in (0, 1, 3):
         cache.put(key(i), f"p{i}", 10)
     assert cache.longest_run([key(0), key(1), key(2), key(3)]) == ["p0", "p1"]
@@ -29,7 +29,7 @@ def test_longest_run_stops_at_first_missing_block() -> None:
     (10, [11], []),
 ])
 def test_lru_eviction_by_bytes(budget, sizes, survivors) -> None:
-    cache = HotCache(budget)
+    cache = HotTier(budget)
     for i, size in enumerate(sizes):
         cache.put(key(i), i, size)
     assert [i for i in range(len(sizes)) if key(i) in cache] == survivors
@@ -37,7 +37,7 @@ def test_lru_eviction_by_bytes(budget, sizes, survivors) -> None:
 
 
 def test_lookup_refreshes_recency() -> None:
-    cache = HotCache(30)
+    cache = HotTier(30)
     for i in range(3):
         cache.put(key(i), i, 10)
     cache.longest_run([key(0)])
@@ -46,7 +46,7 @@ def test_lookup_refreshes_recency() -> None:
 
 
 def test_shared_block_is_stored_once() -> None:
-    cache = HotCache(100)
+    cache = HotTier(100)
     assert cache.put(key(1), "a", 40)
     assert cache.put(key(1), "a-again", 40)
     assert cache.used_bytes == 40 and len(cache) == 1
@@ -55,7 +55,7 @@ def test_shared_block_is_stored_once() -> None:
 
 def test_budget_holds_under_churn() -> None:
     rng = random.Random(0)
-    cache = HotCache(10_000)
+    cache = HotTier(10_000)
     sizes: dict[int, int] = {}
     for step in range(5000):
         i = rng.randrange(2000)

@@ -15,14 +15,14 @@ from protocol.block_keys import BlockKey
 
 
 @dataclass
-class HotCacheStats:
+class HotTierStats:
     hits: int = 0
     misses: int = 0
     inserts: int = 0
     evictions: int = 0
 
 
-class HotCache:
+class HotTier:
     """key -> (payload, nbytes), LRU by bytes under `budget_bytes`.
 
     Invariants: `used_bytes` is the sum of the stored payloads' `nbytes` and never
@@ -34,7 +34,7 @@ class HotCache:
     def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = max(0, int(budget_bytes))
         self.used_bytes = 0
-        self.stats = HotCacheStats()
+        self.stats = HotTierStats()
         self._entries: OrderedDict[BlockKey, tuple[Any, int]] = OrderedDict()
 
     def __len__(self) -> int:
