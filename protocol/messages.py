@@ -152,6 +152,19 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: bool = False  # report each sampled token's log-probability
+    top_logprobs: int = 0  # and this many most likely alternatives (0-20)
+
+
+@dataclass
+class Constraint:
+    """What the generated text must match, enforced token by token by the worker's grammar
+    engine (a mask on the logits), so it cannot be violated whatever the model prefers."""
+
+    kind: str  # "json_object" (any JSON object), "json_schema" or "lark"
+    # json_schema: the schema as JSON text; lark: a grammar in llguidance's Lark dialect
+    # (which may embed %json{...} schemas); json_object: empty
+    source: str = ""
 
 
 @dataclass
@@ -172,6 +185,9 @@ class AddRequest(Message):
     want_progress: bool = False
     # prompt + output cap from the model's profile; None: the worker's own context length
     context_limit: int | None = None
+    constraint: Constraint | None = None  # structured output / forced tool calls
+    # the model's or profile's output cap, when tighter than the worker's max_output_tokens
+    max_output_tokens: int | None = None
 
 
 @dataclass

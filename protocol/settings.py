@@ -63,13 +63,17 @@ class WorkerSettings:
     prefix_cache: bool = setting(
         True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
     max_context_tokens: int = setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
-    default_max_tokens: int = setting(512, "output cap for requests that set no max_tokens")
+    max_output_tokens: int = setting(
+        4096,
+        "most tokens one request may generate: a request without max_tokens gets the rest of the context window "
+        "up to this, a larger max_tokens is clamped to it (so an agent that never says when to stop cannot hold "
+        "a slot for the whole window)")
     dtype: str = setting(
         "auto", "weight dtype the worker computes in; auto picks the fastest for the device", choices=DTYPES)
 
     def check(self) -> None:
         """Raise `SettingError` naming the first setting out of range."""
-        _positive(self, "max_num_seqs", "max_queue", "prefill_chunk_tokens", "block_tokens", "default_max_tokens")
+        _positive(self, "max_num_seqs", "max_queue", "prefill_chunk_tokens", "block_tokens", "max_output_tokens")
         for key in ("batch_window_ms", "max_context_tokens"):
             if getattr(self, key) < 0:
                 raise SettingError(key, f"must be >= 0, got {getattr(self, key)!r}")

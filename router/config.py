@@ -44,6 +44,8 @@ RENAMED_SETTINGS: Mapping[str, str] = {
     "cold_cache": "cold_tier",
     "cold_cache_dir": "kvstore_dir",
     "hot_cache_bytes": "hot_tier_bytes",
+    # was the limit of requests without max_tokens; those now get the window, up to this cap
+    "default_max_tokens": "max_output_tokens",
 }
 MEMORY_RESERVE_BYTES = 8 << 30  # what the automatic memory budget leaves to the OS and other apps
 MIN_MEMORY_BUDGET_BYTES = 2 << 30  # the automatic budget never goes below this, even on a small machine
@@ -63,6 +65,8 @@ class ModelSettings:
     max_disk_bytes: int | None = setting(
         None, "this model's cap in the cold tier, so one busy model cannot push out every other's cache (default: none)"
     )
+    max_output_tokens: int | None = setting(
+        None, "most tokens one request to this model may generate, below the service-wide max_output_tokens")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
@@ -227,6 +231,13 @@ class RouterConfig:
         ttl = self.settings_for(model).ttl_s
         return self.idle_timeout_s if ttl is None else ttl
 
+    def output_cap_for(self, model: str, profile: Profile | None) -> int | None:
+        """The tightest of `model`'s and `profile`'s max_output_tokens (None: neither sets
+        one, the worker's own max_output_tokens applies)."""
+        caps = [cap for cap in (self.settings_for(model).max_output_tokens,
+                                profile.max_output_tokens if profile is not None else None) if cap is not None]
+        return min(caps) if caps else None
+
 
 def auto_memory_budget(total_bytes: int) -> int:
     """The default memory budget on a machine with `total_bytes` of RAM: all of it but
@@ -312,6 +323,8 @@ def _check_models(config: RouterConfig) -> None:
         if settings.max_disk_bytes is not None and not 0 < settings.max_disk_bytes <= cap:
             raise ConfigError(f"{where}.max_disk_bytes", f"must be > 0 and <= max_disk_bytes "
                               f"({cap}), got {settings.max_disk_bytes}")
+        if settings.max_output_tokens is not None and settings.max_output_tokens < 1:
+            raise ConfigError(f"{where}.max_output_tokens", f"must be >= 1, got {settings.max_output_tokens}")
         for alias in settings.aliases:
             check_model_name(f"{where}.aliases", alias)
             if owner.setdefault(alias, name) != name:

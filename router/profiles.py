@@ -57,6 +57,8 @@ class Profile:
     stop: tuple[str, ...] | None = setting(None, "stop strings for requests that set none")
     seed: int | None = setting(None, "sampling seed for requests that set none (reproducible output)")
     max_tokens: int | None = setting(None, "output cap for requests that set none")
+    max_output_tokens: int | None = setting(
+        None, "most tokens one request through this profile may generate; a larger max_tokens is clamped to it")
     context_limit: int | None = setting(
         None, "cap on prompt + output tokens, below the model's own, e.g. to keep a cheap profile's requests short"
     )
@@ -92,6 +94,8 @@ def check_profile(name: str, profile: Profile) -> None:
         parse_sampling(body)
     except RequestError as exc:
         raise ConfigError(f"{where}.{exc.param}", exc.message) from None
+    if profile.max_output_tokens is not None and profile.max_output_tokens < 1:
+        raise ConfigError(f"{where}.max_output_tokens", f"must be >= 1, got {profile.max_output_tokens}")
     if profile.context_limit is not None:
         if profile.context_limit < 2:
             raise ConfigError(f"{where}.context_limit", f"must be >= 2 (a prompt and an answer), got {profile.context_limit}")

@@ -50,6 +50,7 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     body = parse_json_body(await request.body())
     model_id, profile = pool.resolve(model_name(body))
     parsed = dialect.parse(body, profile)
+    parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
     supervisor = await pool.acquire(model_id)
     if supervisor.ready is not None:
         check_against_model(parsed, supervisor.ready)

@@ -90,7 +90,7 @@ class Admitter:
         """Check everything the client controls; raises the RequestError to send back."""
         prompt_ids = prepared.prompt_ids if prepared is not None else self.prompt_ids(request)
         window = context_window(request, self._context_length)
-        max_tokens = max_new_tokens(request, len(prompt_ids), window, self._config.default_max_tokens)
+        max_tokens = max_new_tokens(request, len(prompt_ids), window, self._config.max_output_tokens)
         check_logit_bias(request, self._vocab_size)
         sampler = make_request_sampler(request.sampling, self._vocab_size)
         processors = make_request_processors(request.sampling)

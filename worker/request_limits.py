@@ -3,9 +3,13 @@ and which token ids its logit_bias may name. Pure functions of the request."""
 
 from __future__ import annotations
 
+import logging
+
 from protocol.errors import RequestError
 from protocol.messages import AddRequest
 from protocol.prompt_bounds import context_error
+
+log = logging.getLogger(__name__)
 
 
 def context_window(request: AddRequest, context_length: int) -> int:
@@ -15,16 +19,21 @@ def context_window(request: AddRequest, context_length: int) -> int:
     return context_length
 
 
-def max_new_tokens(request: AddRequest, num_prompt: int, window: int, default_max_tokens: int) -> int:
-    """How many tokens the request may generate: what it asks for (or the default), cut
-    to the room its prompt leaves in `window`; raises the context-length 400 if none."""
+def max_new_tokens(request: AddRequest, num_prompt: int, window: int, max_output_tokens: int) -> int:
+    """How many tokens the request may generate: what it asks for, or else the rest of
+    `window` (as OpenAI's API does), never more than the server's cap (the worker's
+    `max_output_tokens`, or the model's or profile's tighter one in the request). Asking
+    for more is clamped, never refused: agents send limits far beyond a small model's
+    window (32000, 128000). Raises the context-length 400 when the prompt leaves no room."""
     room = window - num_prompt
     if room <= 0:
         raise context_error(request, num_prompt, window)
+    cap = min(max_output_tokens, request.max_output_tokens or max_output_tokens)
     wanted = request.sampling.max_tokens
-    if wanted is None:
-        wanted = default_max_tokens
-    return max(1, min(wanted, room))
+    if wanted is not None and wanted > cap:
+        log.info("request %s: max_tokens %d clamped to this model's output cap %d (max_output_tokens)",
+                 request.request_id, wanted, cap)
+    return max(1, min(wanted if wanted is not None else room, cap, room))
 
 
 def check_logit_bias(request: AddRequest, vocab_size: int) -> None:

@@ -429,3 +429,16 @@ def test_the_cli_prints_the_rename_warning(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         cli.main(["serve", "--help"])
     assert "--cold-cache" not in capsys.readouterr().out  # the old flags stay out of --help
+
+
+def test_output_caps_of_models_and_profiles(tmp_path: Path) -> None:
+    text = ('[models.m]\nmax_output_tokens = 300\n[profiles."m:short"]\nmax_output_tokens = 50\n'
+            '[profiles."m:long"]\nmax_output_tokens = 900\n')
+    config = load("--config", str(write(tmp_path, text))).config
+    assert config.output_cap_for("m", None) == 300
+    assert config.output_cap_for("m", config.profiles["m:short"]) == 50
+    assert config.output_cap_for("m", config.profiles["m:long"]) == 300  # a profile never loosens its model's
+    assert config.output_cap_for("other", None) is None  # the worker's max_output_tokens applies
+    for bad in ("[models.m]\nmax_output_tokens = 0\n", '[profiles."m:p"]\nmax_output_tokens = 0\n'):
+        with pytest.raises(ConfigError, match="max_output_tokens: must be >= 1"):
+            load("--config", str(write(tmp_path, bad)))
