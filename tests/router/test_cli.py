@@ -30,7 +30,7 @@ def run_mlxd(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "router", *args], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["convert", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["convert", "--help"], ["pull", "--help"]])
 def test_help_works(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
@@ -199,13 +199,53 @@ def test_provision_default_uses_last_stdout_line(tmp_path: Path, monkeypatch: py
     model.mkdir()
     (model / "config.json").write_text("{}")
     code = f"import sys; sys.stdout.write({stdout.format(model=model)!r}); sys.exit({returncode})"
-    monkeypatch.setattr(model_files, "provision_command", lambda home: [sys.executable, "-c", code])
+    monkeypatch.setattr(model_files, "provision_command", lambda home, **_: [sys.executable, "-c", code])
     config = make_config({"home": str(tmp_path)})
     if ok:
         assert resolve_model(config) == ("SmolLM2-135M-Instruct", model)
     else:
         with pytest.raises(ModelNotFound, match="provisioning"):
             resolve_model(config)
+
+
+@pytest.fixture
+def fake_provisioner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """models.provision stood in for: knows the one name `known-model`, whose directory it
+    prints; exits 2 (its unknown-name status) for any other."""
+    calls: list[dict[str, object]] = []
+
+    def command(home: Path, name: str | None = None, models_dir: Path | None = None) -> list[str]:
+        calls.append({"home": home, "name": name, "models_dir": models_dir})
+        model = Path(models_dir or home / "models") / "known-model"
+        code = (f"import pathlib, sys\nif {name!r} != 'known-model': sys.exit(2)\n"
+                f"p = pathlib.Path({str(model)!r}); p.mkdir(parents=True, exist_ok=True)\n"
+                "(p / 'config.json').write_text('{}'); print(p)")
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(model_files, "provision_command", command)
+    return calls
+
+
+def test_a_known_name_is_pulled_into_the_model_dir(tmp_path: Path, fake_provisioner: list[dict[str, object]]) -> None:
+    config = make_config({"model": "known-model", "home": str(tmp_path), "model_dir": str(tmp_path / "elsewhere")})
+    assert resolve_model(config) == ("known-model", tmp_path / "elsewhere" / "known-model")
+    assert fake_provisioner == [{"home": tmp_path, "name": "known-model", "models_dir": tmp_path / "elsewhere"}]
+    assert resolve_model(config) == ("known-model", tmp_path / "elsewhere" / "known-model")
+    assert len(fake_provisioner) == 1  # on disk now: not provisioned again
+
+
+def test_pull_prints_the_directory_and_refuses_unknown_names(
+    tmp_path: Path, fake_provisioner: list[dict[str, object]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["pull", "known-model", "--home", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "models" / "known-model")
+    assert cli.main(["pull", "no-such-model", "--home", str(tmp_path)]) == 2
+
+
+def test_pull_lists_known_names_through_the_real_provisioner(tmp_path: Path) -> None:
+    result = run_mlxd("pull", "no-such-model", "--home", str(tmp_path))
+    assert result.returncode == 2
+    assert "qwen2.5-coder-0.5b" in result.stderr and result.stdout == ""
 
 
 # ---------------------------------------------------------------- the router process and signals
