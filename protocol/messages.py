@@ -17,6 +17,7 @@ from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: impor
 )
 from protocol.message_base import MESSAGE_TYPES, PROTOCOL_VERSION, Message  # noqa: F401  (re-exported)
 from protocol.settings import KVStoreSettings, WorkerSettings
+from protocol.tool_dialects import MLXD
 
 # ---------------------------------------------------------------- handshake
 
@@ -68,6 +69,9 @@ class Ready(Message):
     attention: str = "mlx"  # what runs attention: "mlx" or mlxd's CPU kernels
     vocab_size: int = 0  # token ids must be below it (logit_bias, prompt ids): checked in the router
     max_token_chars: int = 0  # longest token's text: prompts over context_length * this cannot fit
+    # how the model calls tools (protocol.tool_dialects), detected from its chat template:
+    # the router parses answers and builds forced-call grammars in it
+    tool_dialect: str = MLXD
 
 
 KVSTORE_ROLE = "kvstore"  # the Hello.role a kvstore sends and its supervisor expects
@@ -222,6 +226,18 @@ class ProgressEvent(Message):
 
 
 @dataclass
+class TokenLogprobs:
+    """Log-probabilities of a TokenEvent's tokens (one entry per token id), from the
+    distribution the sampler drew from. Tokens travel as their bytes: the router has no
+    tokenizer, and a token may hold part of a UTF-8 character."""
+
+    token_bytes: list[bytes]
+    logprobs: list[float]
+    top_bytes: list[list[bytes]] = field(default_factory=list)  # per token: the most likely, best first
+    top_logprobs: list[list[float]] = field(default_factory=list)
+
+
+@dataclass
 class TokenEvent(Message):
     """Worker -> router: newly decoded text (stop strings already withheld)."""
 
@@ -230,6 +246,7 @@ class TokenEvent(Message):
     text: str
     token_ids: list[int]
     time: float = 0.0
+    logprobs: TokenLogprobs | None = None  # only for requests that asked (SamplingParams.logprobs)
 
 
 @dataclass
@@ -250,6 +267,7 @@ class Timings:
     decode_tokens_per_s: float = 0.0
     prompt_tokens_per_s: float = 0.0
     cold_fetch_s: float = 0.0  # lookup + read + decode of the blocks restored from SSD
+    grammar_s: float = 0.0  # host time in the grammar engine (constrained requests)
 
 
 @dataclass

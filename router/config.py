@@ -32,6 +32,7 @@ from router.config_values import (
     type_hints,
     unknown_key_message,
 )
+from router.model_settings import ModelSettings
 from router.profiles import Profile, check_model_name, check_profile
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -53,23 +54,6 @@ MIN_MEMORY_BUDGET_BYTES = 2 << 30  # the automatic budget never goes below this,
 def default_home() -> Path:
     """Where mlxd keeps models and caches: $MLXD_HOME, else ~/.mlxd."""
     return Path(os.environ.get("MLXD_HOME") or Path.home() / ".mlxd")
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """`[models."NAME"]` in the config file: how the pool treats one model."""
-
-    pin: bool = setting(False, "keep this model loaded at all times: never evicted for memory, never unloaded when idle")
-    ttl_s: float | None = setting(None, "unload after this many idle seconds, freeing its memory (default: idle_timeout_s)")
-    aliases: tuple[str, ...] = setting((), "other names clients may use for this model (e.g. the name another tool expects)")
-    max_disk_bytes: int | None = setting(
-        None, "this model's cap in the cold tier, so one busy model cannot push out every other's cache (default: none)"
-    )
-    max_output_tokens: int | None = setting(
-        None, "most tokens one request to this model may generate, below the service-wide max_output_tokens")
-
-    def __post_init__(self) -> None:
-        normalize_fields(self)
 
 
 @dataclass(frozen=True)

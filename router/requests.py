@@ -16,7 +16,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from protocol.messages import FinishEvent
+from protocol.messages import FinishEvent, Ready
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
 from router.profiles import Profile
@@ -29,10 +29,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Dialect:
     """What one API adds to the request path: `parse` (its body, and the profile the model
-    name selected, into the internal request) and `respond` (the events into its answer)."""
+    name selected, into the internal request), `respond` (the events into its answer) and
+    optionally `bind` (what only the loaded model decides, from its worker's Ready: the
+    chat dialect's tool-call format and the grammar that forces a call)."""
 
     parse: Callable[[dict[str, Any], Profile | None], ParsedRequest]
     respond: Callable[[Request, ParsedRequest, RequestStream], Awaitable[Response]]
+    bind: Callable[[ParsedRequest, Ready], ParsedRequest] | None = None
 
 
 def model_name(body: dict[str, Any]) -> str:
@@ -54,6 +57,8 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     supervisor = await pool.acquire(model_id)
     if supervisor.ready is not None:
         check_against_model(parsed, supervisor.ready)
+        if dialect.bind is not None:
+            parsed = dialect.bind(parsed, supervisor.ready)
     stream = supervisor.open_request(parsed.add)
     stream.model = model_id
     stream.user_agent = request.headers.get("user-agent", "")

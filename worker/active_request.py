@@ -6,8 +6,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from protocol.messages import Timings, Usage
+import mlx.core as mx
+
+from protocol.messages import Timings, TokenLogprobs, Usage
 from worker.detokenizer import IncrementalDetokenizer
+from worker.grammar import GrammarProcessor
+from worker.logprobs import LogprobsReporter
 from worker.prefix_cache import PrefixPlan
 from worker.stop_strings import StopStringFilter
 
@@ -37,6 +41,8 @@ class ActiveRequest:
     early_token: int | None = None  # sent before BatchGenerator reported it
     generator_max_tokens: int = 0  # what BatchGenerator still generates for it
     num_generated: int = 0
+    grammar: GrammarProcessor | None = None  # its output constraint, if any
+    logprobs: LogprobsReporter | None = None  # set when the client asked for logprobs
 
     def mark_prefill_started(self, at: float) -> None:
         """Record the first prefill step that ran this prompt (later ones change nothing)."""
@@ -55,6 +61,17 @@ class ActiveRequest:
         and the stop-string filter may hold some back)."""
         self.num_generated += 1
         return self.stop_filter.push(self.detokenizer.add(token))
+
+    def check_grammar(self) -> None:
+        """Raise `GrammarError` if the grammar engine failed on this request."""
+        if self.grammar is not None:
+            self.grammar.check()
+
+    def token_logprobs(self, token: int, distribution: mx.array | None) -> TokenLogprobs | None:
+        """`token`'s logprobs for its TokenEvent, if the client asked for them."""
+        if self.logprobs is None or distribution is None:
+            return None
+        return self.logprobs.entry(token, distribution)
 
     def flush_text(self) -> str:
         """At the finish: whatever text was held back."""
@@ -77,6 +94,7 @@ class ActiveRequest:
                 if first > started else 0.0
             ),
             cold_fetch_s=self.plan.cold_fetch_s,
+            grammar_s=self.grammar.seconds if self.grammar is not None else 0.0,
         )
 
     def usage(self, block_tokens: int) -> Usage:

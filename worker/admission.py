@@ -9,17 +9,21 @@ from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
+import llguidance
 from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
 from protocol.errors import RequestError
 from protocol.messages import AddRequest
 from protocol.settings import WorkerSettings
 from protocol.prompt_bounds import check_prompt_fits
+from worker.grammar import GrammarCompiler, GrammarProcessor
+from worker.logprobs import LogprobsReporter
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
 from worker.request_limits import check_logit_bias, context_window, max_new_tokens
 from worker.sampling import make_request_processors, make_request_sampler
+from worker.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +36,9 @@ class Admission:
     prompt_ids: list[int]
     max_tokens: int
     sampler: Sampler
-    processors: list[LogitsProcessor]
+    processors: list[LogitsProcessor]  # the grammar's last, if it has one
+    grammar: GrammarProcessor | None = None
+    logprobs: LogprobsReporter | None = None
 
 
 class Admitter:
@@ -43,9 +49,11 @@ class Admitter:
     RequestError naming what the client must change.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, context_length: int, max_token_chars: int,
-                 settings: WorkerSettings, prefix_cache: PrefixCache) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], context_length: int,
+                 max_token_chars: int, settings: WorkerSettings, prefix_cache: PrefixCache) -> None:
         self._tokenizer = tokenizer
+        self._vocabulary = TokenVocabulary(tokenizer, vocab_size, eos_token_ids)
+        self._grammars = GrammarCompiler(self._vocabulary)
         self._vocab_size = vocab_size
         self._context_length = context_length
         self._max_token_chars = max_token_chars
@@ -81,10 +89,17 @@ class Admitter:
         return ids
 
     def prepare(self, request: AddRequest) -> PreparedPrompt:
-        """Tokenize and read the prompt's cached blocks from SSD (the slow, thread-safe
-        part of admission, run ahead on the tokenizer thread)."""
+        """Tokenize, compile the output constraint and read the prompt's cached blocks
+        from SSD (the slow, thread-safe part of admission, run ahead on the tokenizer
+        thread; so is building the grammar vocabulary, on its first use)."""
         prompt_ids = self.prompt_ids(request)
-        return PreparedPrompt(prompt_ids, self._prefix_cache.read_ahead(prompt_ids, request.cache_salt))
+        matcher = self._compile(request)
+        if request.sampling.logprobs:
+            self._vocabulary.llg  # noqa: B018  (built here, not on the engine loop)
+        return PreparedPrompt(prompt_ids, self._prefix_cache.read_ahead(prompt_ids, request.cache_salt), matcher)
+
+    def _compile(self, request: AddRequest) -> llguidance.LLMatcher | None:
+        return self._grammars.compile(request.constraint) if request.constraint is not None else None
 
     def admit(self, request: AddRequest, prepared: PreparedPrompt | None) -> Admission:
         """Check everything the client controls; raises the RequestError to send back."""
@@ -94,7 +109,13 @@ class Admitter:
         check_logit_bias(request, self._vocab_size)
         sampler = make_request_sampler(request.sampling, self._vocab_size)
         processors = make_request_processors(request.sampling)
-        return Admission(prompt_ids, max_tokens, sampler, processors)
+        matcher = prepared.matcher if prepared is not None else self._compile(request)
+        grammar = GrammarProcessor(matcher, len(prompt_ids), self._vocabulary) if matcher is not None else None
+        if grammar is not None:
+            processors.append(grammar)
+        sampling = request.sampling
+        logprobs = LogprobsReporter(sampling.top_logprobs, self._vocabulary) if sampling.logprobs else None
+        return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs)
 
     def plan(self, request: AddRequest, prompt_ids: list[int], prepared: PreparedPrompt | None) -> PrefixPlan:
         """Look the prompt up in the prefix cache: how much of it is cached, and where."""

@@ -1,14 +1,16 @@
 """mlx-lm's BatchGenerator as the engine uses it, and every reach into its internals.
 
 COUPLED TO MLX-LM'S PRIVATE FIELDS: `BatchGenerator._generation_batch` and that batch's
-`uids` and `_next_tokens` (checked against mlx-lm 0.32.2). Nothing else in worker/ may
-touch a private attribute of BatchGenerator or its batches. If mlx-lm renames or reshapes
-them, `peek_sampled_token` returns None, which only turns the early first token off, and
-tests/worker/test_batch_adapter.py fails naming the field that changed.
+`uids`, `_next_tokens` and `_next_logprobs` (checked against mlx-lm 0.32.2). Nothing else
+in worker/ may touch a private attribute of BatchGenerator or its batches. If mlx-lm
+renames or reshapes them, `peek_sampled_token` returns None, which only turns the early
+first token off, and tests/worker/test_batch_adapter.py fails naming the field that
+changed.
 """
 
 from __future__ import annotations
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
 
@@ -42,10 +44,28 @@ def sampled_token(generator: BatchGenerator, uid: int) -> int | None:
     return int(batch._next_tokens[batch.uids.index(uid)].item())
 
 
-def peek_sampled_token(generator: BatchGenerator, uid: int) -> int | None:
-    """`sampled_token`, or None when mlx-lm's internals have changed: callers use it for
-    an optimisation that can be switched off, never for correctness."""
+def sampled_logprobs(generator: BatchGenerator, uid: int) -> mx.array | None:
+    """The distribution `sampled_token` was drawn from (the row the next step reports as
+    its `logprobs`), or None while `uid` is not decoding; raises as `sampled_token` does."""
+    batch = generator._generation_batch
+    if uid not in batch.uids:
+        return None
+    row = batch._next_logprobs[batch.uids.index(uid)]
+    if not isinstance(row, mx.array):
+        raise TypeError(f"_next_logprobs holds {type(row).__name__}, not arrays")
+    return row
+
+
+def peek_sampled_token(generator: BatchGenerator, uid: int,
+                       with_logprobs: bool = False) -> tuple[int, mx.array | None] | None:
+    """`sampled_token` (and, `with_logprobs`, its `sampled_logprobs`), or None when
+    mlx-lm's internals have changed: callers use it for an optimisation that can be
+    switched off, never for correctness."""
     try:
-        return sampled_token(generator, uid)
+        token = sampled_token(generator, uid)
+        row = sampled_logprobs(generator, uid) if with_logprobs and token is not None else None
     except (AttributeError, ValueError, IndexError, TypeError):
         return None
+    if token is None or (with_logprobs and row is None):
+        return None
+    return token, row

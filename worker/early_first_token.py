@@ -32,15 +32,16 @@ class EarlyFirstToken:
         self.enabled = mx.default_device().type == mx.DeviceType.cpu
         self._eos_token_ids = eos_token_ids
 
-    def take(self, generator: BatchGenerator, active: ActiveRequest) -> int | None:
-        """`active`'s first token to send now (its prompt just finished), or None."""
+    def take(self, generator: BatchGenerator, active: ActiveRequest) -> tuple[int, mx.array | None] | None:
+        """`active`'s first token to send now (its prompt just finished), with the
+        distribution it was drawn from if the request reports logprobs; or None."""
         if active.generator_max_tokens <= 1 or not self.enabled:
             return None
-        token = peek_sampled_token(generator, active.uid)
-        if token is None or token in self._eos_token_ids:
+        sampled = peek_sampled_token(generator, active.uid, with_logprobs=active.logprobs is not None)
+        if sampled is None or sampled[0] in self._eos_token_ids:
             return None
-        active.early_token = token
-        return token
+        active.early_token = sampled[0]
+        return sampled
 
     @staticmethod
     def is_repeat(active: ActiveRequest, token: int, finish_reason: str | None) -> bool:

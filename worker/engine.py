@@ -70,8 +70,8 @@ class Engine:
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
         self.vocab_size = self._vocab_size
         self.max_token_chars = longest_token_chars(self._tokenizer)
-        self._admitter = Admitter(self._tokenizer, self._vocab_size, self.context_length, self.max_token_chars,
-                                  settings, prefix_cache)
+        self._admitter = Admitter(self._tokenizer, self._vocab_size, self.eos_token_ids, self.context_length,
+                                  self.max_token_chars, settings, prefix_cache)
         self._early_first_token = EarlyFirstToken(self.eos_token_ids)
         self._fast_prefill_since_step = False
         self._by_uid: dict[int, ActiveRequest] = {}
@@ -168,6 +168,7 @@ class Engine:
             plan=plan,
             cached_tokens=plan.cached_tokens,
             created_at=arrived,
+            grammar=admission.grammar, logprobs=admission.logprobs,
         )
         if self._hit_fast_path_open(active):
             self._start_hit(active, admission)
@@ -196,8 +197,8 @@ class Engine:
         self._fast_prefill_since_step = True
         active.mark_prefill_started(time.perf_counter())
         try:
-            first_token = prefill_rest(self._loaded.model, active.prompt_ids, active.cached_tokens, plan.caches,
-                                       admission.sampler, admission.processors)
+            first_token, distribution = prefill_rest(self._loaded.model, active.prompt_ids, active.cached_tokens,
+                                                     plan.caches, admission.sampler, admission.processors)
         except Exception as exc:  # e.g. out of memory inside MLX: this request only
             log.exception("request %s: prefill failed", active.request_id)
             plan.caches = None
@@ -210,12 +211,12 @@ class Engine:
             plan.caches = None
             self._by_request[active.request_id] = active
             self._emit(PromptEvent(active.request_id, len(active.prompt_ids), active.cached_tokens))
-            self._on_token(active, first_token, "stop" if is_eos else "length", time.perf_counter())
+            self._on_token(active, first_token, "stop" if is_eos else "length", time.perf_counter(), distribution)
             return
         # the prompt is all in the cache now; the batch continues from the first token
         # (a copy of the prompt: the generator appends to the list it is given)
         self._enqueue(active, admission, [[first_token]], list(active.prompt_ids), active.max_tokens - 1)
-        self._on_token(active, first_token, None, time.perf_counter())
+        self._on_token(active, first_token, None, time.perf_counter(), distribution)
 
     def _enqueue(self, active: ActiveRequest, admission: Admission, segments: list[list[int]],
                  all_tokens: list[int], generator_max_tokens: int) -> None:
@@ -316,9 +317,9 @@ class Engine:
         if active.want_progress:
             done, total = response.progress
             self._emit(ProgressEvent(active.request_id, int(done), int(total)))
-        first_token = self._early_first_token.take(self._generator, active) if response.end_of_prompt else None
-        if first_token is not None:
-            self._on_token(active, first_token, None, now)
+        first = self._early_first_token.take(self._generator, active) if response.end_of_prompt else None
+        if first is not None:
+            self._on_token(active, first[0], None, now, first[1])
 
     def _on_generated(self, active: ActiveRequest, response: Any, finished: Finished, now: float) -> None:
         """`active` got a token; a finished one's cache is queued in `finished` for capture."""
@@ -327,7 +328,7 @@ class Engine:
         if response.finish_reason is not None and response.prompt_cache is not None:
             # prompt + completion: the next turn of this conversation resends both
             finished.append((active.plan, response.prompt_cache, response.all_tokens or []))
-        self._on_token(active, response.token, response.finish_reason, now)
+        self._on_token(active, response.token, response.finish_reason, now, response.logprobs)
 
     def _capture_prefill(self, active: ActiveRequest, processed: int) -> None:
         if not self.prefix_cache.enabled:
@@ -340,7 +341,10 @@ class Engine:
             caches, _ = extracted
             self.prefix_cache.capture(active.plan, caches, active.prompt_ids, num_tokens)
 
-    def _on_token(self, active: ActiveRequest, token: int, finish_reason: str | None, now: float) -> None:
+    def _on_token(self, active: ActiveRequest, token: int, finish_reason: str | None, now: float,
+                  distribution: mx.array | None = None) -> None:
+        """Send `token` (drawn from `distribution`); a request whose grammar failed fails."""
+        active.check_grammar()
         active.mark_first_token(now)
         is_eos = finish_reason == "stop" and token in self.eos_token_ids
         text = "" if is_eos else active.push_token(token)
@@ -354,7 +358,8 @@ class Engine:
         if finish_reason is not None and not active.stop_filter.stopped:
             text += active.flush_text()
         if text or not is_eos:
-            self._emit(TokenEvent(active.request_id, text, [] if is_eos else [token], now))
+            self._emit(TokenEvent(active.request_id, text, [] if is_eos else [token], now,
+                                  None if is_eos else active.token_logprobs(token, distribution)))
         if finish_reason is not None:
             self._finish(active, finish_reason, now)
 

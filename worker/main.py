@@ -34,6 +34,7 @@ from protocol.messages import (
     WorkerConfig,
 )
 from protocol.sockets import make_socket
+from worker.tool_prompt import detect_tool_dialect, template_source
 
 if TYPE_CHECKING:
     from worker.engine import Engine
@@ -195,6 +196,8 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         config.kvstore_address or "off",
     )
     engine = Engine(loaded, settings, channel.send, prefix_cache, flush=channel.flush)
+    tool_dialect = detect_tool_dialect(template_source(loaded.tokenizer))
+    log.info("tool calls in the %s dialect (from the chat template)", tool_dialect)
     channel.send(Ready(
         protocol_version=PROTOCOL_VERSION,
         model_id=config.model_id,
@@ -212,6 +215,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         attention=loaded.attention,
         vocab_size=engine.vocab_size,
         max_token_chars=engine.max_token_chars,
+        tool_dialect=tool_dialect,
     ))
     preparer = PromptPreparer(engine.prepare)
     try:

@@ -26,14 +26,15 @@ def prefill_segments(remainder: list[int], start: int, segment_tokens: int, bloc
 
 
 def prefill_rest(model: nn.Module, prompt_ids: list[int], cached_tokens: int, caches: list[Any],
-                 sampler: Sampler, processors: list[LogitsProcessor]) -> int:
+                 sampler: Sampler, processors: list[LogitsProcessor]) -> tuple[int, mx.array]:
     """Prefill the uncached rest of the prompt, last token included, in one forward
-    pass over `caches`, and sample the first token from its logits.
+    pass over `caches`, and sample the first token from its logits; returns it with the
+    distribution it was drawn from (normalized, after the processors: its logprobs).
 
     BatchGenerator prefills all but the last prompt token, then runs that token alone
     as the first decode step: a second forward pass, which on this hardware costs as
-    much as the whole ~60-token rest of an agent's turn. Logits processors see the
-    prompt as context, as they would in the batch.
+    much as the whole ~60-token rest of an agent's turn. Logits processors (a grammar's
+    mask among them) see the prompt as context, as they would in the batch.
     """
     remainder = mx.array([prompt_ids[cached_tokens:]])
     logits = model(remainder, cache=caches)[:, -1, :]
@@ -42,5 +43,5 @@ def prefill_rest(model: nn.Module, prompt_ids: list[int], cached_tokens: int, ca
         logits = processor(context, logits)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     token = sampler(logprobs)
-    mx.eval(token, [c.state for c in caches])
-    return int(token.item())
+    mx.eval(token, logprobs, [c.state for c in caches])
+    return int(token.item()), logprobs[0]

@@ -20,10 +20,12 @@ from protocol.messages import AddRequest
 
 @dataclass
 class PreparedPrompt:
-    """A prompt ready for admission: its token ids and what was read ahead for it."""
+    """A prompt ready for admission: its token ids, what was read ahead for it, and its
+    output constraint compiled (compiling may take long for a large grammar)."""
 
     prompt_ids: list[int]
     read_ahead: Any = None  # the prefix cache's ColdRun, or None
+    matcher: Any = None  # the request's compiled grammar (an llguidance matcher), or None
 
 
 Prepare = Callable[[AddRequest], PreparedPrompt]

@@ -2,6 +2,8 @@
 
 The chat template is rendered to text and tokenized without adding special tokens
 (what HF's `apply_chat_template(tokenize=True)` does): templates carry their own BOS.
+Tools and the calls in the history reach the template in the model's tool dialect
+(`worker.tool_prompt`).
 """
 
 from __future__ import annotations
@@ -9,14 +11,24 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.errors import RequestError
+from protocol.tool_dialects import MLXD
+from worker.tool_prompt import detect_tool_dialect, fallback_messages, template_messages, template_source
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """The chat prompt's token ids. A template that renders tools in a dialect we parse gets
+    `tools` and the history's calls as it expects them; any other gets them as text in
+    mlxd's fallback dialect (the tools in the system prompt)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "this model has no chat template; use /v1/completions with a prompt",
             param="messages",
         )
+    dialect = detect_tool_dialect(template_source(tokenizer))
+    if dialect == MLXD:
+        messages, tools = fallback_messages(messages, tools), None
+    else:
+        messages = template_messages(messages, dialect)
     try:
         text = tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=True, tokenize=False

@@ -18,7 +18,9 @@ from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import ErrorEvent, FinishEvent, Message, ProgressEvent, PromptEvent, TokenEvent
+from router.api.logprobs import LogprobsFormatter, take_logprobs
 from router.api.openai_format import completion_body, progress_chunk, stream_chunk, timings_extension, usage_chunk
+from router.api.openai_tool_calls import tool_call_answer
 from router.http_errors import error_body, request_error_body, worker_dead_body
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
 from router.validation import ParsedRequest
@@ -40,14 +42,20 @@ async def respond(request: Request, parsed: ParsedRequest, stream: RequestStream
 async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
     texts: list[str] = []
     created = int(time.time())
+    logprobs = LogprobsFormatter.for_request(parsed.kind, parsed.add.sampling)
     while True:
         event = await stream.next_event()
         if isinstance(event, TokenEvent):
             texts.append(event.text)
+            if logprobs is not None:
+                logprobs.add(event.logprobs)
         elif isinstance(event, FinishEvent):
+            text, tools = "".join(texts), tool_call_answer(parsed)
+            content, tool_calls = tools.message(text) if tools is not None else (text, None)
+            reason = tools.finish_reason(event.finish_reason) if tools is not None else event.finish_reason
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
-                                                "".join(texts), event.finish_reason, event.usage,
-                                                event.timings))
+                                                content, reason, event.usage, event.timings, tool_calls,
+                                                take_logprobs(logprobs)))
         elif isinstance(event, ErrorEvent):
             raise event.to_error()
 
@@ -130,6 +138,8 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
     """The SSE body: role chunk, content chunks, finish chunk, [usage chunk], [DONE]."""
     rid, model, kind, created = parsed.add.request_id, parsed.model, parsed.kind, int(time.time())
     include_usage = parsed.include_usage
+    tools = tool_call_answer(parsed)  # None: the text goes out as it comes
+    logprobs = LogprobsFormatter.for_request(kind, parsed.add.sampling)  # None: not asked for
     timer = KeepAliveTimer(keepalive_s)
     if kind == "chat":
         yield sse_data(stream_chunk(kind, rid, model, created, role="assistant", text="",
@@ -144,12 +154,22 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                     yield KEEPALIVE
                     timer.wrote()
                     continue
+            if isinstance(event, TokenEvent) and logprobs is not None:
+                logprobs.add(event.logprobs)  # sent with the next chunk that has text, or the last
             if isinstance(event, TokenEvent) and event.text:
-                yield sse_data(stream_chunk(kind, rid, model, created, text=event.text, include_usage=include_usage))
-                timer.wrote()
+                for delta in tools.feed(event.text) if tools is not None else [{"text": event.text}]:
+                    yield sse_data(stream_chunk(kind, rid, model, created, include_usage=include_usage,
+                                                logprobs=take_logprobs(logprobs), **delta))
+                    timer.wrote()
             elif isinstance(event, FinishEvent):
+                reason = event.finish_reason
+                if tools is not None:
+                    for delta in tools.finish():
+                        yield sse_data(stream_chunk(kind, rid, model, created, include_usage=include_usage, **delta))
+                    reason = tools.finish_reason(reason)
                 last = stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
-                                    finish_reason=event.finish_reason, include_usage=include_usage)
+                                    finish_reason=reason, include_usage=include_usage,
+                                    logprobs=take_logprobs(logprobs))
                 last["mlxd"] = timings_extension(event.timings, event.usage)
                 yield sse_data(last)
                 if include_usage:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
+
 from protocol.messages import AddRequest
 from router.api import openai_answers
+from router.api.logprobs import with_chat_logprobs
 from router.api.openai_common import cache_salt, stream_flags, wants_progress
+from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
+from router.api.response_format import parse_response_format
+from router.api.unknown_fields import OPENAI_CHAT_FIELDS, note_unknown_fields
 from router.profiles import Profile, apply_profile
 from router.requests import Dialect, handle, model_name
 from router.validation import ParsedRequest, bad, parse_sampling, short
-from starlette.requests import Request
-from starlette.responses import Response
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -57,8 +63,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 def _template_message(message: dict[str, Any], i: int) -> dict[str, Any]:
     """The keys of one message that chat templates read (role, content, name, tool_calls,
     tool_call_id, reasoning_content, thinking), type-checked; whatever else a client sends
-    stays in the router, so nothing unchecked reaches the worker."""
-    out: dict[str, Any] = {"role": message["role"],
+    stays in the router, so nothing unchecked reaches the worker. `developer` is OpenAI's
+    newer name for `system`; chat templates know only `system` (SmolLM2's would render an
+    unknown role verbatim, Qwen's would drop its default system prompt beside it)."""
+    role = "system" if message["role"] == "developer" else message["role"]
+    out: dict[str, Any] = {"role": role,
                            "content": _content_text(message.get("content"), f"messages[{i}].content")}
     for key in ("name", "tool_call_id", "reasoning_content", "thinking"):
         value = message.get(key)
@@ -68,27 +77,32 @@ def _template_message(message: dict[str, Any], i: int) -> dict[str, Any]:
             raise bad("messages", f"'messages[{i}].{key}' must be a string, got {type(value).__name__}")
         out[key] = value
     tool_calls = message.get("tool_calls")
-    if tool_calls is not None:
-        if not isinstance(tool_calls, list) or not all(isinstance(c, dict) for c in tool_calls):
+    if tool_calls:  # [] is no calls (some clients send it)
+        if not isinstance(tool_calls, list):
             raise bad("messages", f"'messages[{i}].tool_calls' must be a list of objects")
-        out["tool_calls"] = tool_calls
+        out["tool_calls"] = [_history_call(call, f"messages[{i}].tool_calls[{j}]")
+                             for j, call in enumerate(tool_calls)]
     return out
 
 
-def _tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    choice = body.get("tool_choice")
-    if choice is not None and not isinstance(choice, (str, dict)):
-        raise bad("tool_choice", "'tool_choice' must be a string or an object")
-    tools = body.get("tools")
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise bad("tools", "'tools' must be a list")
-    for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad("tools", f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
-    return tools or None
+def _history_call(call: Any, where: str) -> dict[str, Any]:
+    """A call in the history as `{id, type, function: {name, arguments}}`, its arguments
+    as JSON text (a client that sent an object gets it serialized the same way each time)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad("messages", f"'{where}' must be {{\"id\": ..., \"type\": \"function\", \"function\": "
+                  "{\"name\": ..., \"arguments\": ...}}")
+    arguments = function.get("arguments")
+    if arguments is None:
+        arguments = "{}"
+    elif isinstance(arguments, dict):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    elif not isinstance(arguments, str):
+        raise bad("messages", f"'{where}.function.arguments' must be a string of JSON")
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise bad("messages", f"'{where}.id' must be a string")
+    return {"id": call_id or "", "type": "function", "function": {"name": function["name"], "arguments": arguments}}
 
 
 def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest:
@@ -97,23 +111,26 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
     With the `profile` the request's model name selected, its defaults fill what the body
     left out (see `router.profiles.apply_profile`) and its context limit goes to the worker.
     """
+    note_unknown_fields("chat", body, OPENAI_CHAT_FIELDS)
     if profile is not None:
         body = apply_profile(body, profile, "chat")
     limit = profile.context_limit if profile is not None else None
     stream, include_usage = stream_flags(body)
+    tools, tool_request = parse_tools(body)
     add = AddRequest(
         request_id=f"chatcmpl-{uuid.uuid4().hex}",
         messages=_messages(body),
-        tools=_tools(body),
-        sampling=parse_sampling(body),
+        tools=tools,
+        sampling=with_chat_logprobs(parse_sampling(body), body),
         cache_salt=cache_salt(body),
         want_progress=wants_progress(body),
         context_limit=limit,
+        constraint=parse_response_format(body),
     )
-    return ParsedRequest("chat", model_name(body), add, stream, include_usage, limit)
+    return ChatRequest("chat", model_name(body), add, stream, include_usage, limit, tools=tool_request)
 
 
-DIALECT = Dialect(parse=parse, respond=openai_answers.respond)
+DIALECT = Dialect(parse=parse, respond=openai_answers.respond, bind=bind)
 
 
 async def chat_completions(request: Request) -> Response:

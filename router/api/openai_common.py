@@ -8,13 +8,12 @@ from router.validation import bad, flag, is_int, optional_str, short
 
 
 def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
-    """stream, include_usage; and the parameters we accept but cannot honour."""
+    """stream, include_usage; and the parameters we accept but cannot honour (logprobs
+    are the dialects' own: `router.api.logprobs`)."""
 
     n = body.get("n")
     if n is not None and (not is_int(n) or n != 1):
         raise bad("n", f"'n' must be 1 (one choice per request is supported), got {short(n)}")
-    if body.get("logprobs") not in (None, False, 0):
-        raise bad("logprobs", "'logprobs' is not supported yet")
     optional_str(body, "user")
     stream = flag(body, "stream")
     options = body.get("stream_options")

@@ -7,7 +7,10 @@ from typing import Any
 
 from protocol.messages import AddRequest
 from router.api import openai_answers
+from router.api.logprobs import with_completion_logprobs
 from router.api.openai_common import cache_salt, stream_flags, wants_progress
+from router.api.response_format import parse_response_format
+from router.api.unknown_fields import OPENAI_COMPLETION_FIELDS, note_unknown_fields
 from router.profiles import Profile, apply_profile
 from router.requests import Dialect, handle, model_name
 from router.validation import MAX_TOKEN_ID, ParsedRequest, bad, is_int, parse_sampling, short
@@ -36,6 +39,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
     A `profile` works as for chat, except that its system prompt is ignored: a raw prompt
     has no roles to put it in.
     """
+    note_unknown_fields("completions", body, OPENAI_COMPLETION_FIELDS)
     if profile is not None:
         body = apply_profile(body, profile, "text")
     limit = profile.context_limit if profile is not None else None
@@ -48,10 +52,11 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
     add = AddRequest(
         request_id=f"cmpl-{uuid.uuid4().hex}",
         prompt=_prompt(body),
-        sampling=parse_sampling(body),
+        sampling=with_completion_logprobs(parse_sampling(body), body),
         cache_salt=cache_salt(body),
         want_progress=wants_progress(body),
         context_limit=limit,
+        constraint=parse_response_format(body),  # vLLM's extension of this API
     )
     return ParsedRequest("text", model_name(body), add, stream, include_usage, limit)
 

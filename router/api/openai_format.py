@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 
 from protocol.messages import Timings, Usage
+from router.tool_calls.events import ToolCall
 
 CHAT_CHUNK = "chat.completion.chunk"
 TEXT_COMPLETION = "text_completion"
@@ -39,18 +40,38 @@ def _chunk(kind: str, request_id: str, model: str, created: int, choice: dict[st
 
 def stream_chunk(kind: str, request_id: str, model: str, created: int, *, text: str | None = None,
                  role: str | None = None, finish_reason: str | None = None,
-                 include_usage: bool = False) -> dict[str, Any]:
-    """One streamed choice update: chat chunks carry a `delta`, text ones a `text`."""
+                 include_usage: bool = False, tool_calls: list[dict[str, Any]] | None = None,
+                 logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed choice update: chat chunks carry a `delta`, text ones a `text`;
+    `logprobs` (router.api.logprobs) those of the tokens it carries."""
     if kind == "chat":
         delta: dict[str, Any] = {}
         if role is not None:
             delta["role"] = role
         if text is not None:
             delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if tool_calls is not None:
+            delta["tool_calls"] = tool_calls
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     return _chunk(kind, request_id, model, created, choice, include_usage)
+
+
+def tool_call_start_delta(index: int, call_id: str, name: str) -> dict[str, Any]:
+    """The first delta of a streamed call: its id, type and name, no arguments yet."""
+    return {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
+
+
+def tool_call_arguments_delta(index: int, fragment: str) -> dict[str, Any]:
+    """A further delta of call `index`: a piece of its arguments' JSON text."""
+    return {"index": index, "function": {"arguments": fragment}}
+
+
+def message_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """A non-streamed message's `tool_calls`."""
+    return [{"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in calls]
 
 
 def usage_chunk(kind: str, request_id: str, model: str, created: int, usage: Usage) -> dict[str, Any]:
@@ -77,19 +98,25 @@ def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str,
     return extension
 
 
-def completion_body(kind: str, request_id: str, model: str, created: int, text: str,
-                    finish_reason: str, usage: Usage, timings: Timings | None = None) -> dict[str, Any]:
-    """A whole non-streamed answer: `chat.completion` or `text_completion`."""
+def completion_body(kind: str, request_id: str, model: str, created: int, text: str | None,
+                    finish_reason: str, usage: Usage, timings: Timings | None = None,
+                    tool_calls: list[dict[str, Any]] | None = None,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A whole non-streamed answer: `chat.completion` or `text_completion`. A chat answer
+    that is only tool calls has `content: null`, as OpenAI's."""
     if kind == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "message": message,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
         object_type = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         object_type = TEXT_COMPLETION
     return {
         "id": request_id,

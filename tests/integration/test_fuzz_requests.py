@@ -34,7 +34,7 @@ HUGE_INTS = [2**63, 2**64, -(2**63) - 1, 2**200, -(10**30)]
 
 @pytest.fixture(scope="module")
 def svc(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    service = Service(["--model", str(default_model_dir), "--default-max-tokens", "3"],
+    service = Service(["--model", str(default_model_dir), "--max-output-tokens", "8"],
                       home=tmp_path_factory.mktemp("home"))
     try:
         service.wait_ready()

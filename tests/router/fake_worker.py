@@ -7,7 +7,8 @@ with the words of FAKE_REPLY, one TokenEvent each. Behaviour switches:
   content of the file named by FAKE_WORKER_START_FILE, read at each start
 - the last message / prompt text: "CRASH" (exit mid-stream), "HANG" (stop answering
   anything, pings included), "TOOLONG" (ErrorEvent 400), "SLOW" (first token after
-  FAKE_WORKER_SLOW_S seconds), "STOP" (finish_reason "length" after 2 tokens)
+  FAKE_WORKER_SLOW_S seconds), "STOP" (finish_reason "length" after 2 tokens), "TOOLCALL"
+  (TOOL_REPLY: text and two calls in the Hermes markup, markers split across tokens)
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from protocol.messages import (
 )
 
 FAKE_REPLY = "Hello from the fake worker ."
+TOOL_REPLY = ["I will check.", "\n<tool", '_call>\n{"name": "get_', 'weather", "arguments": {"city": ',
+              '"Paris"}}\n</tool_call>', '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}',
+              "\n</tool_call>"]
 TOKEN_INTERVAL_S = 0.01
 
 
@@ -109,8 +113,10 @@ def main() -> int:
                     continue
                 send(PromptEvent(request_id=message.request_id, prompt_tokens=len(text.split()), cached_tokens=1))
                 delay = float(os.environ.get("FAKE_WORKER_SLOW_S", "1.5")) if "SLOW" in text else 0.0
-                active[message.request_id] = {"add": message, "words": FAKE_REPLY.split(), "sent": 0,
-                                              "next_at": time.monotonic() + delay, "text": text}
+                tool = "TOOLCALL" in text
+                active[message.request_id] = {"add": message, "words": TOOL_REPLY if tool else FAKE_REPLY.split(),
+                                              "sent": 0, "next_at": time.monotonic() + delay, "text": text,
+                                              "exact": tool}
         now = time.monotonic()
         step: list = []  # this tick's events go out as one batch, as the real worker's do
         for rid, state in list(active.items()):
@@ -125,7 +131,8 @@ def main() -> int:
             limit = 2 if "STOP" in state["text"] else len(state["words"])
             if state["sent"] < limit:
                 word = state["words"][state["sent"]]
-                step.append(TokenEvent(request_id=rid, text=word if state["sent"] == 0 else " " + word,
+                spaced = state["sent"] > 0 and not state["exact"]
+                step.append(TokenEvent(request_id=rid, text=" " + word if spaced else word,
                                        token_ids=[state["sent"]]))
                 state["sent"] += 1
                 state["next_at"] = now + TOKEN_INTERVAL_S

@@ -67,7 +67,12 @@ def chat(**fields: Any) -> dict[str, Any]:
     (chat(tools=[{"type": "function"}]), "tools"),
     (chat(tool_choice=3), "tool_choice"),
     (chat(cache_salt=1), "cache_salt"),
-    (chat(logprobs=True), "logprobs"),
+    (chat(logprobs="yes"), "logprobs"),
+    (chat(logprobs=True, top_logprobs=21), "top_logprobs"),
+    (chat(top_logprobs=3), "top_logprobs"),
+    (chat(response_format={"type": "xml"}), "response_format"),
+    (chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}),
+     "response_format"),
 ])
 def test_bad_chat_parameter_is_named(body: dict[str, Any], param: str) -> None:
     with pytest.raises(RequestError) as err:
@@ -97,7 +102,9 @@ def test_message_errors_point_at_the_exact_spot(messages: list[Any], where: str)
     ({"model": "m", "prompt": [1, "a"]}, "prompt"),
     ({**TEXT, "echo": True}, "echo"),
     ({**TEXT, "best_of": 3}, "best_of"),
-    ({**TEXT, "logprobs": 2}, "logprobs"),
+    ({**TEXT, "logprobs": 6}, "logprobs"),
+    ({**TEXT, "logprobs": True}, "logprobs"),
+    ({**TEXT, "logprobs": -1}, "logprobs"),
     ({**TEXT, "n": 3}, "n"),
 ])
 def test_bad_completion_parameter_is_named(body: dict[str, Any], param: str) -> None:
@@ -132,9 +139,10 @@ def test_good_parameters_map_to_sampling(fields: dict[str, Any], expected: Sampl
     (None, ""),
 ])
 def test_message_content_is_normalized_to_a_string(content: Any, text: str) -> None:
-    message = {"role": "assistant", "content": content, "tool_calls": [{"id": "x"}]}
+    call = {"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = {"role": "assistant", "content": content, "tool_calls": [call]}
     add = parse_chat_request(chat(messages=[message])).add
-    assert add.messages == [{"role": "assistant", "content": text, "tool_calls": [{"id": "x"}]}]
+    assert add.messages == [{"role": "assistant", "content": text, "tool_calls": [call]}]
     assert add.prompt is None
 
 

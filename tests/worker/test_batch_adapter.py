@@ -12,7 +12,13 @@ import pytest
 from mlx_lm.generate import BatchGenerator
 
 from tests.worker.tiny_models import make_tiny
-from worker.batch_adapter import CHECKED_MLX_LM_VERSION, make_batch_generator, peek_sampled_token, sampled_token
+from worker.batch_adapter import (
+    CHECKED_MLX_LM_VERSION,
+    make_batch_generator,
+    peek_sampled_token,
+    sampled_logprobs,
+    sampled_token,
+)
 
 PROMPT = list(range(100, 140))
 CHANGED = (f"mlx-lm {version('mlx-lm')} changed BatchGenerator's internals (worker/batch_adapter.py was "
@@ -57,7 +63,17 @@ def test_the_token_read_early_is_the_token_reported_next(tiny) -> None:
     assert reported.token == early, f"{CHANGED}: `_next_tokens` no longer holds the next reported token"
 
 
+def test_the_distribution_read_early_is_the_one_reported_next(tiny) -> None:
+    generator, uid = at_end_of_prompt(tiny)
+    early = sampled_logprobs(generator, uid)  # raises if the internals changed
+    assert early is not None, f"{CHANGED}: no `_next_logprobs` row for a sequence past its prompt"
+    assert peek_sampled_token(generator, uid, with_logprobs=True)[1] is early
+    _, generation_responses = generator.next()
+    (reported,) = [r for r in generation_responses if r.uid == uid]
+    assert mx.array_equal(reported.logprobs, early), f"{CHANGED}: `_next_logprobs` is not what the next step reports"
+
+
 def test_what_is_not_decoding_has_no_early_token(tiny) -> None:
     generator = make_batch_generator(tiny.model, eos_token_ids=[], max_num_seqs=2, prefill_chunk_tokens=16)
-    assert sampled_token(generator, 7) is None
+    assert sampled_token(generator, 7) is None and sampled_logprobs(generator, 7) is None
     assert peek_sampled_token(object(), 7) is None  # internals gone: the feature turns off, nothing raises

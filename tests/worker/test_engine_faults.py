@@ -75,10 +75,10 @@ def test_a_failure_in_one_sequences_step_fails_it_alone(tiny, monkeypatch: pytes
     add(h, "b", temperature=0.0)
     real = h.engine._on_token
 
-    def on_token(seq, token, finish_reason, now):
+    def on_token(seq, token, finish_reason, now, *distribution):
         if seq.request_id == "b" and seq.num_generated == 2:
             raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a detokenizer bug")
-        real(seq, token, finish_reason, now)
+        real(seq, token, finish_reason, now, *distribution)
 
     monkeypatch.setattr(h.engine, "_on_token", on_token)
     h.run()

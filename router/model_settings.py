@@ -1,0 +1,25 @@
+"""`[models."NAME"]` tables: how the pool treats one model (its own section of the
+config file, beside the service-wide settings in `router.config`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from router.config_values import normalize_fields, setting
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """`[models."NAME"]` in the config file: how the pool treats one model."""
+
+    pin: bool = setting(False, "keep this model loaded at all times: never evicted for memory, never unloaded when idle")
+    ttl_s: float | None = setting(None, "unload after this many idle seconds, freeing its memory (default: idle_timeout_s)")
+    aliases: tuple[str, ...] = setting((), "other names clients may use for this model (e.g. the name another tool expects)")
+    max_disk_bytes: int | None = setting(
+        None, "this model's cap in the cold tier, so one busy model cannot push out every other's cache (default: none)"
+    )
+    max_output_tokens: int | None = setting(
+        None, "most tokens one request to this model may generate, below the service-wide max_output_tokens")
+
+    def __post_init__(self) -> None:
+        normalize_fields(self)
