@@ -18,7 +18,7 @@ from tests.integration.service import Service
 
 pytestmark = pytest.mark.timeout(900)
 
-CLIENTS = Path(__file__).resolve().parents[3] / "shared" / "clients"  # ../shared/clients beside the repo
+CLIENTS = Path(__file__).resolve().parents[1] / "clients"  # request bodies captured from the real clients
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {"city": {"type": "string", "description": "City name"},
@@ -141,7 +141,7 @@ def sse_events(response: httpx.Response) -> list[Any]:
 
 @pytest.mark.parametrize("capture", [
     "openai-python-chat-stream-tools-include-usage", "opencode-chat-tool-roundtrip",
-    "langchain-chatopenai-stream-bind-tools",
+    "langchain-chatopenai-stream-bind-tools", "aider-chat-stream-whole-format",
 ])
 def test_real_clients_tool_bodies_are_served(tool_service: Service, model: str, capture: str) -> None:
     """Each body exactly as its client sent it, but for the model name (theirs is not
@@ -169,3 +169,27 @@ def test_real_clients_tool_bodies_are_served(tool_service: Service, model: str, 
                 seen.add(call["index"])
                 assert call["id"].startswith("call_") and call["type"] == "function"
                 assert call["function"]["name"] in {t["function"]["name"] for t in body["tools"]}
+
+
+@pytest.mark.parametrize("capture", [
+    "openai-python-chat-logprobs-developer-json-object", "openai-python-chat-parse-json-schema",
+])
+def test_real_clients_whole_answer_bodies_are_served(tool_service: Service, model: str, capture: str) -> None:
+    """The SDK's non-streamed shapes, exactly as sent but for the model name: logprobs with
+    a developer message and json_object, and parse()'s strict json_schema."""
+    recorded = json.loads((CLIENTS / f"{capture}.json").read_text())
+    body = {**recorded["body"], "model": model}
+    headers = {k: v for k, v in recorded["headers"].items()
+               if k.lower() not in ("content-length", "host", "accept-encoding")}
+    response = httpx.post(tool_service.base_url + recorded["path"], json=body, headers=headers, timeout=600)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["object"] == "chat.completion" and answer["model"] == model
+    (choice,) = answer["choices"]
+    content = choice["message"]["content"]
+    if choice["finish_reason"] == "stop":  # constrained to JSON: whole answers parse
+        assert isinstance(json.loads(content), dict)
+    if body.get("logprobs"):
+        tokens = choice["logprobs"]["content"]
+        assert len(tokens) == answer["usage"]["completion_tokens"]
+        assert all(len(t["top_logprobs"]) == body["top_logprobs"] and t["logprob"] <= 0 for t in tokens)
