@@ -18,7 +18,6 @@ import json
 import os
 import random
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from common import (
     environment,
     eos_token_ids,
     log,
+    median_of_runs,
     mlxd_server,
     peer_server,
     prepare_fp32_model,
@@ -228,26 +228,7 @@ def measure_interleaved(contenders: list[Contender], prompt_sets: list[dict[int,
     return runs
 
 
-def median_of_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One contender at one N over its repeats: the median of every figure (each taken
-    on its own), the fewest tokens any request got, and each repeat's headline figures."""
-    good = [r for r in runs if "error" not in r]
-    if not good:
-        return runs[-1]
-    merged: dict[str, Any] = {}
-    for key, value in good[0].items():
-        values = [r.get(key) for r in good]
-        if key == "min_completion_tokens":
-            merged[key] = min(values)
-        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            merged[key] = round(statistics.median(values), 3)
-        elif key == "finish_reasons":
-            merged[key] = sorted({reason for v in values for reason in v})
-        else:
-            merged[key] = value
-    merged["repeats"] = [{k: r.get(k) for k in ("aggregate_tok_s", "ttft_p50_s", "stream_decode_tok_s_mean", "error")
-                          if k in r} for r in runs]
-    return merged
+BATCHING_REPEAT_KEYS = ("aggregate_tok_s", "ttft_p50_s", "stream_decode_tok_s_mean", "error")
 
 
 def _brief(summary: dict[str, Any]) -> str:
@@ -355,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                 log("peer failed: %s", exc)
                 errors["peer"] = str(exc)
         runs = measure_interleaved(contenders, prompt_sets, args.quiet_wait_s)
-    results = {n: {name: median_of_runs(per_name) for name, per_name in per_n.items()} for n, per_n in runs.items()}
+    results = {n: {name: median_of_runs(per_name, BATCHING_REPEAT_KEYS) for name, per_name in per_n.items()} for n, per_n in runs.items()}
     for n, per_n in runs.items():
         for name, per_name in per_n.items():
             for repeat, run in enumerate(per_name):

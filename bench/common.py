@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -488,3 +489,24 @@ def emit(result: dict[str, Any], out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
+
+
+def median_of_runs(runs: list[dict[str, Any]], repeat_keys: Sequence[str]) -> dict[str, Any]:
+    """One contender (or arm) over its repeats: the median of every figure (each taken on
+    its own), the fewest tokens any request got, and each repeat's `repeat_keys` figures."""
+    good = [r for r in runs if "error" not in r]
+    if not good:
+        return runs[-1]
+    merged: dict[str, Any] = {}
+    for key, value in good[0].items():
+        values = [r.get(key) for r in good]
+        if key == "min_completion_tokens":
+            merged[key] = min(values)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[key] = round(statistics.median(values), 3)
+        elif key == "finish_reasons":
+            merged[key] = sorted({reason for v in values for reason in v})
+        else:
+            merged[key] = value
+    merged["repeats"] = [{k: r.get(k) for k in repeat_keys if k in r} for r in runs]
+    return merged

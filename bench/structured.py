@@ -31,6 +31,7 @@ from common import (
     environment,
     eos_token_ids,
     log,
+    median_of_runs,
     mlxd_server,
     prepare_fp32_model,
     run_concurrently,
@@ -127,23 +128,6 @@ def paired_ratios(runs: dict[str, list[dict[str, Any]]], numerator: str, denomin
             for a, b in zip(runs[numerator], runs[denominator])]
 
 
-def median_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    merged: dict[str, Any] = {}
-    for key, value in runs[0].items():
-        values = [r.get(key) for r in runs]
-        if key == "min_completion_tokens":
-            merged[key] = min(values)
-        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            merged[key] = round(statistics.median(values), 3)
-        elif key == "finish_reasons":
-            merged[key] = sorted({reason for v in values for reason in v})
-        else:
-            merged[key] = value
-    merged["repeats"] = [{"aggregate_tok_s": r.get("aggregate_tok_s"), "other_cpu_cores": r.get("other_cpu_cores")}
-                         for r in runs]
-    return merged
-
-
 def median_or_none(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return round(statistics.median(known), 3) if known else None
@@ -192,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 log("%s (repeat %d): %s tok/s, min tokens %s, other load %s cores", name, repeat + 1,
                     summary["aggregate_tok_s"], summary["min_completion_tokens"], summary["other_cpu_cores"])
                 runs[name].append(summary)
-    results = {name: median_runs(r) for name, r in runs.items() if r}
+    results = {name: median_of_runs(r, ("aggregate_tok_s", "other_cpu_cores")) for name, r in runs.items() if r}
     agg = {name: r.get("aggregate_tok_s") for name, r in results.items()}
     by_repeat = {f"constrained_ratio_n{n}_by_repeat": paired_ratios(runs, f"n{n}_constrained", f"n{n}_free")
                  for n in (8, 1)}
