@@ -17,6 +17,7 @@ from protocol.messages import AddRequest
 from protocol.settings import WorkerSettings
 from protocol.prompt_bounds import check_prompt_fits
 from worker.grammar import GrammarCompiler, GrammarProcessor
+from worker.grammar_batch import GrammarBatch
 from worker.logprobs import LogprobsReporter
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
@@ -50,8 +51,12 @@ class Admitter:
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], context_length: int,
-                 max_token_chars: int, settings: WorkerSettings, prefix_cache: PrefixCache) -> None:
+                 max_token_chars: int, settings: WorkerSettings, prefix_cache: PrefixCache,
+                 grammar_batch: GrammarBatch | None = None) -> None:
+        """`grammar_batch`, if given, prepares the masks of every constrained sequence a
+        decode step runs (the engine's; see `GrammarBatch`)."""
         self._tokenizer = tokenizer
+        self._grammar_batch = grammar_batch
         self._vocabulary = TokenVocabulary(tokenizer, vocab_size, eos_token_ids)
         self._grammars = GrammarCompiler(self._vocabulary)
         self._vocab_size = vocab_size
@@ -110,7 +115,8 @@ class Admitter:
         sampler = make_request_sampler(request.sampling, self._vocab_size)
         processors = make_request_processors(request.sampling)
         matcher = prepared.matcher if prepared is not None else self._compile(request)
-        grammar = GrammarProcessor(matcher, len(prompt_ids), self._vocabulary) if matcher is not None else None
+        grammar = (GrammarProcessor(matcher, len(prompt_ids), self._vocabulary, self._grammar_batch)
+                   if matcher is not None else None)
         if grammar is not None:
             processors.append(grammar)
         sampling = request.sampling

@@ -1,14 +1,17 @@
 """mlx-lm's BatchGenerator as the engine uses it, and every reach into its internals.
 
 COUPLED TO MLX-LM'S PRIVATE FIELDS: `BatchGenerator._generation_batch` and that batch's
-`uids`, `_next_tokens` and `_next_logprobs` (checked against mlx-lm 0.32.2). Nothing else
-in worker/ may touch a private attribute of BatchGenerator or its batches. If mlx-lm
-renames or reshapes them, `peek_sampled_token` returns None, which only turns the early
-first token off, and tests/worker/test_batch_adapter.py fails naming the field that
-changed.
+`uids`, `logits_processors`, `_current_tokens`, `_next_tokens` and `_next_logprobs`
+(checked against mlx-lm 0.32.2). Nothing else in worker/ may touch a private attribute
+of BatchGenerator or its batches. If mlx-lm renames or reshapes them,
+`peek_sampled_token` and `decoding_rows` return None, which only turns the early first
+token and the batched grammar masks off, and tests/worker/test_batch_adapter.py fails
+naming the field that changed.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,3 +72,22 @@ def peek_sampled_token(generator: BatchGenerator, uid: int,
     if token is None or (with_logprobs and row is None):
         return None
     return token, row
+
+
+def decoding_rows(generator: BatchGenerator) -> tuple[list[Any], mx.array] | None:
+    """Each decoding sequence's logits processors, row by row, and the tokens the step
+    now running feeds in (row `e`'s processors see `tokens[e]` appended to their context
+    in this step), or None when mlx-lm's internals have changed. Valid only while that
+    batch's step calls its processors."""
+    try:
+        batch = generator._generation_batch
+        processors = batch.logits_processors
+        tokens = batch._current_tokens
+        uids = batch.uids
+    except AttributeError:
+        return None
+    if not isinstance(tokens, mx.array) or tokens.ndim != 1:
+        return None
+    if not isinstance(processors, list) or not len(processors) == len(uids) == tokens.shape[0]:
+        return None
+    return processors, tokens

@@ -31,6 +31,7 @@ from worker.admission import Admission, Admitter
 from worker.batch_adapter import make_batch_generator
 from worker.detokenizer import IncrementalDetokenizer
 from worker.early_first_token import EarlyFirstToken
+from worker.grammar_batch import GrammarBatch
 from worker.model_loader import LoadedModel
 from worker.prefill import prefill_rest, prefill_segments
 from worker.prefix_cache import PrefixCache, PrefixPlan
@@ -70,8 +71,9 @@ class Engine:
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
         self.vocab_size = self._vocab_size
         self.max_token_chars = longest_token_chars(self._tokenizer)
+        self._grammar_batch = GrammarBatch(self._vocab_size)
         self._admitter = Admitter(self._tokenizer, self._vocab_size, self.eos_token_ids, self.context_length,
-                                  self.max_token_chars, settings, prefix_cache)
+                                  self.max_token_chars, settings, prefix_cache, self._grammar_batch)
         self._early_first_token = EarlyFirstToken(self.eos_token_ids)
         self._fast_prefill_since_step = False
         self._by_uid: dict[int, ActiveRequest] = {}
@@ -261,6 +263,7 @@ class Engine:
         self._fast_prefill_since_step = False
         began = time.perf_counter()
         try:
+            self._grammar_batch.begin(self._generator)
             prompt_responses, generation_responses = self._generator.next()
         except Exception as exc:  # e.g. out of memory inside MLX
             log.exception("generation step failed; failing %d requests", self.num_active)

@@ -9,6 +9,7 @@ processor loop when no sequence has processors).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import llguidance
 import mlx.core as mx
@@ -18,6 +19,9 @@ from protocol.constraints import grammar_for
 from protocol.errors import RequestError
 from protocol.messages import Constraint
 from worker.vocabulary import TokenVocabulary
+
+if TYPE_CHECKING:
+    from worker.grammar_batch import GrammarBatch
 
 
 class GrammarError(RuntimeError):
@@ -55,28 +59,37 @@ class GrammarProcessor:
     with every token the grammar forbids at -inf.
 
     Invariant: the matcher has consumed exactly the tokens of `context` from
-    `prompt_length` on. Each call first consumes the tokens sampled since the last call
+    `prompt_length` on. Each call consumes the tokens sampled since the last call
     (normally one: the batch calls it once per decode step, with the prompt and every
     token sampled so far as context; a prefix hit's first token, sampled outside the
-    batch, arrives as the first such token), then masks the next token's logits. Once
-    the grammar is complete its mask allows only EOS, so the request ends with "stop".
+    batch, arrives as the first such token), then masks the next token's logits.
+    Once the grammar is complete its mask allows only EOS, so the request ends with "stop".
 
-    When: the mask for a step needs the token sampled by the step before, which the
-    host reads here, its one sync. On a GPU the step's forward pass is dispatched first
-    and runs while the mask is computed. On MLX's CPU stream that dispatch itself runs
-    most of the pass on both cores, so nothing can overlap it; and reading the token any
-    earlier (right after the step that sampled it, to compute the mask on a thread) was
-    measured slower: that read waits for the tail of the previous pass, which otherwise
-    runs while the engine sends tokens and builds the next step's graph.
+    In a decode step the engine's `GrammarBatch` usually got there first: it read the
+    whole batch's new tokens in one host sync and computed every constrained sequence's
+    mask at once, on all cores, so the call only applies the mask it left. On its own (a
+    request's first step, a prefix hit's first token, an mlx-lm whose internals moved)
+    the call reads its context, one sync, and computes its mask alone.
+
+    When: a step's masks need the tokens sampled by the step before. On a GPU the step's
+    forward pass is dispatched first and runs while the masks are computed. On MLX's CPU
+    stream that dispatch itself runs most of the pass on both cores, so nothing can
+    overlap it; and reading the tokens any earlier (right after the step that sampled
+    them, to compute masks on a thread) was measured slower: that read waits for the
+    tail of the previous pass, which otherwise runs while the engine sends tokens and
+    builds the next step's graph.
 
     Never raises inside a step (that would fail every sequence in the batch): an engine
     error is kept in `error`, the mask then allows only EOS, and the engine fails this
     request when it sees the token (`check`).
     """
 
-    def __init__(self, matcher: llguidance.LLMatcher, prompt_length: int, vocabulary: TokenVocabulary) -> None:
-        self._matcher = matcher
-        self._next_position = prompt_length  # in the context: the next token to consume
+    def __init__(self, matcher: llguidance.LLMatcher, prompt_length: int, vocabulary: TokenVocabulary,
+                 batch: GrammarBatch | None = None) -> None:
+        self.matcher = matcher
+        self.next_position = prompt_length  # in the context: the next token to consume
+        self.last_step = -1  # the batch step of the last call; -1: never called
+        self._batch = batch
         self._vocab_size = vocabulary.vocab_size
         self._words = np.zeros((vocabulary.vocab_size + 31) // 32, dtype=np.int32)
         self._eos_only = np.zeros(vocabulary.vocab_size, dtype=np.bool_)
@@ -85,39 +98,66 @@ class GrammarProcessor:
         self.error: str | None = None
         self.seconds = 0.0  # host time spent in the matcher: consuming tokens and masks
         self.num_masks = 0
+        self.num_batched = 0  # masks the GrammarBatch computed with others'
 
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         if self._overlap:
             mx.async_eval(logits)
-        # The one host sync: the tokens sampled since the last call (already computed).
-        start = self._next_position
-        new_tokens = context[start:].tolist() if context.shape[0] > start else []
-        self._next_position = start + len(new_tokens)
-        allowed = self._allowed(new_tokens)
+        allowed = self._batch.take(self, context) if self._batch is not None else None
+        if allowed is None:
+            # The one host sync: the tokens sampled since the last call (already computed).
+            start = self.next_position
+            new_tokens = context[start:].tolist() if context.shape[0] > start else []
+            started = time.perf_counter()
+            self.consume(new_tokens)
+            allowed = self.allowed(self._words if self.mask_into(self._words) else None)
+            self.seconds += time.perf_counter() - started
+            self.num_masks += 1
+        self.last_step = self._batch.step if self._batch is not None else 0
         width = logits.shape[-1]
         if allowed.shape[0] != width:  # logits wider than the vocabulary: padding ids, never allowed
             allowed = allowed[:width] if allowed.shape[0] > width else np.pad(allowed, (0, width - allowed.shape[0]))
         return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
-    def _allowed(self, new_tokens: list[int]) -> np.ndarray:
-        """Consume `new_tokens`; which tokens may come next, one bool per vocabulary id."""
-        started = time.perf_counter()
+    @property
+    def needs_mask(self) -> bool:
+        """Whether the next mask comes from the matcher (else it is EOS only)."""
+        return self.error is None and not self.matcher.is_stopped()
+
+    def consume(self, new_tokens: list[int]) -> None:
+        """Advance the matcher over `new_tokens`, the next ones of the context."""
+        self.next_position += len(new_tokens)
         if self.error is None:
             for token in new_tokens:
-                if not self._matcher.consume_token(token):
-                    self.error = self._matcher.get_error() or f"the grammar refused token {token}"
+                if not self.matcher.consume_token(token):
+                    self.fail(self.matcher.get_error() or f"the grammar refused token {token}")
                     break
+
+    def mask_into(self, words: np.ndarray) -> bool:
+        """Write the next token's mask into `words` (one bit per id); False when no mask
+        is needed (EOS only)."""
+        if not self.needs_mask:
+            return False
+        self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        self.check_matcher()
+        return self.error is None
+
+    def check_matcher(self) -> None:
+        """Keep the matcher's error, if computing a mask ran into one."""
+        if self.error is None and self.matcher.is_error():
+            self.fail(self.matcher.get_error())
+
+    def allowed(self, words: np.ndarray | None) -> np.ndarray:
+        """Which tokens may come next, one bool per vocabulary id: the bits of `words`
+        (a mask just computed), or EOS only."""
+        if words is None or not self.needs_mask:
+            return self._eos_only
+        return np.unpackbits(words.view(np.uint8), bitorder="little", count=self._vocab_size).view(np.bool_)
+
+    def fail(self, error: str) -> None:
+        """Stop enforcing: the request ends at the next token (see the class docstring)."""
         if self.error is None:
-            self._matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
-            if self._matcher.is_error():
-                self.error = self._matcher.get_error()
-        if self.error is not None or self._matcher.is_stopped():
-            allowed = self._eos_only
-        else:
-            allowed = np.unpackbits(self._words.view(np.uint8), bitorder="little", count=self._vocab_size).view(np.bool_)
-        self.seconds += time.perf_counter() - started
-        self.num_masks += 1
-        return allowed
+            self.error = error
 
     def check(self) -> None:
         """Raise the GrammarError if the matcher failed (see the class docstring)."""

@@ -14,6 +14,7 @@ from mlx_lm.generate import BatchGenerator
 from tests.worker.tiny_models import make_tiny
 from worker.batch_adapter import (
     CHECKED_MLX_LM_VERSION,
+    decoding_rows,
     make_batch_generator,
     peek_sampled_token,
     sampled_logprobs,
@@ -77,3 +78,30 @@ def test_what_is_not_decoding_has_no_early_token(tiny) -> None:
     generator = make_batch_generator(tiny.model, eos_token_ids=[], max_num_seqs=2, prefill_chunk_tokens=16)
     assert sampled_token(generator, 7) is None and sampled_logprobs(generator, 7) is None
     assert peek_sampled_token(object(), 7) is None  # internals gone: the feature turns off, nothing raises
+
+
+def test_the_rows_a_step_feeds_are_what_its_processors_see(tiny) -> None:
+    """`decoding_rows`, read inside a processor of the running batch's step, names that
+    processor in its row and the token its context just grew by (worker/grammar_batch.py
+    relies on both)."""
+    generator = make_batch_generator(tiny.model, eos_token_ids=[], max_num_seqs=4, prefill_chunk_tokens=16)
+    seen: list[tuple[bool, int, int]] = []
+
+    def recording(context: mx.array, logits: mx.array) -> mx.array:
+        rows = decoding_rows(generator)
+        assert rows is not None, f"{CHANGED}: no `logits_processors`/`_current_tokens` on the generation batch"
+        processors, tokens = rows
+        found = [e for e, procs in enumerate(processors) if recording in (procs or ())]
+        # a sequence's first step runs in a batch of its own, before it joins the running one
+        seen.append((bool(found), int(tokens[found[0]].item()) if found else -1, int(context[-1].item())))
+        return logits
+
+    generator.insert_segments([[PROMPT]], max_tokens=[6], logits_processors=[[recording]])
+    generator.insert_segments([[PROMPT[:20]]], max_tokens=[6])  # a free row beside it
+    for _ in range(40):
+        generator.next()
+    assert not seen[0][0]
+    in_batch = seen[1:]
+    assert len(in_batch) >= 3 and all(found for found, _, _ in in_batch), f"{CHANGED}: a decoding row is missing"
+
+    assert all(fed == grew for _, fed, grew in in_batch), f"{CHANGED}: `_current_tokens` is not what the step feeds"
