@@ -52,7 +52,8 @@ class WorkerSettings:
     max_queue: int = setting(64, "requests a worker holds waiting for a slot before it refuses new ones")
     prefill_chunk_tokens: int = setting(
         512,
-        "prompt tokens prefilled per step, so decoding of other requests keeps moving during a long prompt",
+        "prompt tokens prefilled per step at most, so decoding of other requests keeps moving during a long "
+        "prompt; fewer where the measured prefill speed would make a step last more than ~4 s",
     )
     batch_window_ms: int = setting(
         10,

@@ -34,6 +34,7 @@ from worker.early_first_token import EarlyFirstToken
 from worker.grammar_batch import GrammarBatch
 from worker.model_loader import LoadedModel
 from worker.prefill import prefill_rest, prefill_segments
+from worker.prefill_pacing import PrefillPacer
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import longest_token_chars
@@ -72,6 +73,7 @@ class Engine:
         self.vocab_size = self._vocab_size
         self.max_token_chars = longest_token_chars(self._tokenizer)
         self._grammar_batch = GrammarBatch(self._vocab_size)
+        self._pacer = PrefillPacer(settings.prefill_chunk_tokens)
         self._admitter = Admitter(self._tokenizer, self._vocab_size, self.eos_token_ids, self.context_length,
                                   self.max_token_chars, settings, prefix_cache, self._grammar_batch)
         self._early_first_token = EarlyFirstToken(self.eos_token_ids)
@@ -264,6 +266,8 @@ class Engine:
         began = time.perf_counter()
         try:
             self._grammar_batch.begin(self._generator)
+            prefilling = sum(1 for active in self._by_request.values() if active.first_token_at is None)
+            self._generator.prefill_step_size = self._pacer.chunk_tokens(min(prefilling, self._config.max_num_seqs))
             prompt_responses, generation_responses = self._generator.next()
         except Exception as exc:  # e.g. out of memory inside MLX
             log.exception("generation step failed; failing %d requests", self.num_active)
@@ -271,6 +275,7 @@ class Engine:
             mx.clear_cache()
             return
         now = time.perf_counter()
+        self._pacer.record([(r.uid, int(r.progress[0]), int(r.progress[1])) for r in prompt_responses], now - began)
         for response in prompt_responses:
             active = self._by_uid.get(response.uid)
             if active is not None:
@@ -392,6 +397,7 @@ class Engine:
         self._forget(active)
 
     def _forget(self, active: ActiveRequest) -> None:
+        self._pacer.forget(active.uid)
         self._by_uid.pop(active.uid, None)
         self._by_request.pop(active.request_id, None)
 
