@@ -18,7 +18,8 @@ from typing import Any
 from common import emit
 
 BENCH_DIR = Path(__file__).resolve().parent
-NOT_SCENARIOS = {"run_all.py", "common.py"}
+# agent_clients.py drives real Claude Code and Codex CLIs against a service you started (opt-in)
+NOT_SCENARIOS = {"run_all.py", "common.py", "agent_clients.py"}
 
 
 def scenarios() -> list[Path]:
