@@ -13,12 +13,16 @@ class PrefillPacer:
     62 s: the router killed the worker as hung, failing every request on it. Steps are
     kept near `target_s` instead: the chunk is the measured rate times `target_s`,
     shared among the prompts prefilling together, never above `max_chunk` (the
-    configured `prefill_chunk_tokens`) nor below `min_chunk`.
+    configured `prefill_chunk_tokens`) nor below `min_chunk`. Until a step has been
+    measured the chunk is `first_chunk`, small: pacing from the configured chunk let
+    that very first step run 62 s again (512 tokens of the 1.5B beside a decode, on a
+    loaded machine). A fast machine loses one short step to it.
     """
 
-    def __init__(self, max_chunk: int, target_s: float = 4.0, min_chunk: int = 32) -> None:
+    def __init__(self, max_chunk: int, target_s: float = 4.0, min_chunk: int = 32, first_chunk: int = 64) -> None:
         self.max_chunk = max_chunk
         self.min_chunk = min(min_chunk, max_chunk)
+        self.first_chunk = min(first_chunk, max_chunk)
         self.target_s = target_s
         self.tokens_per_s: float | None = None  # prefill speed, smoothed over steps
         self._done: dict[int, int] = {}  # uid -> prompt tokens prefilled so far
@@ -26,7 +30,7 @@ class PrefillPacer:
     def chunk_tokens(self, num_prefilling: int) -> int:
         """The chunk for the next step, for each of `num_prefilling` prompts."""
         if self.tokens_per_s is None:
-            return self.max_chunk
+            return self.first_chunk
         budget = self.tokens_per_s * self.target_s / max(1, num_prefilling)
         return int(min(self.max_chunk, max(self.min_chunk, budget)))
 

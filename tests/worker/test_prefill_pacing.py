@@ -13,8 +13,9 @@ from tests.worker.tiny_models import make_tiny
 from worker.prefill_pacing import PrefillPacer
 
 
-def test_the_first_step_uses_the_configured_chunk() -> None:
-    assert PrefillPacer(512).chunk_tokens(3) == 512
+def test_the_first_step_is_small_until_a_step_was_measured() -> None:
+    assert PrefillPacer(512).chunk_tokens(3) == 64
+    assert PrefillPacer(48).chunk_tokens(1) == 48
 
 
 def test_a_slow_machine_gets_chunks_that_fit_the_target() -> None:
@@ -65,4 +66,4 @@ def test_an_answer_prefilled_in_paced_chunks_equals_one_in_whole_chunks(tiny) ->
     paced.engine._generator.next = recording
     tokens, finish = paced.ask(messages)
     assert tokens == expected and finish.usage.prompt_tokens > 512
-    assert chunks[0] == 512 and min(chunks) == paced.engine._pacer.min_chunk
+    assert chunks[0] == 64 and min(chunks) == paced.engine._pacer.min_chunk
