@@ -9,7 +9,7 @@ processor loop when no sequence has processors).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import llguidance
 import mlx.core as mx
@@ -20,8 +20,14 @@ from protocol.errors import RequestError
 from protocol.messages import Constraint
 from worker.vocabulary import TokenVocabulary
 
-if TYPE_CHECKING:
-    from worker.grammar_batch import GrammarBatch
+
+class StepMasks(Protocol):
+    """What a processor asks of the engine's per-step mask preparer
+    (worker/grammar_batch.py `GrammarBatch`; a Protocol so that module can import this one)."""
+
+    step: int
+
+    def take(self, processor: GrammarProcessor, context: mx.array) -> np.ndarray | None: ...
 
 
 class GrammarError(RuntimeError):
@@ -85,7 +91,7 @@ class GrammarProcessor:
     """
 
     def __init__(self, matcher: llguidance.LLMatcher, prompt_length: int, vocabulary: TokenVocabulary,
-                 batch: GrammarBatch | None = None) -> None:
+                 batch: StepMasks | None = None) -> None:
         self.matcher = matcher
         self.next_position = prompt_length  # in the context: the next token to consume
         self.last_step = -1  # the batch step of the last call; -1: never called
