@@ -89,6 +89,18 @@ def json_values(text: str, separators: str = "") -> list[Any] | None:
         values.append(value)
 
 
+def call_values(text: str, separators: str = "") -> list[Any] | None:
+    """`json_values` of a call region, also when the model doubled the object's braces
+    (`{{"name": ..., "arguments": {...}}}`): Qwen2.5's template shows the call format as
+    `{{"name": <function-name>, ...}}`, and its Coder models copy that literally."""
+    values = json_values(text, separators)
+    if values is None:
+        stripped = text.strip(" \t\r\n")
+        if stripped.startswith("{{") and stripped.endswith("}}"):
+            values = json_values(stripped[1:-1], separators)
+    return values
+
+
 def calls_from_values(values: list[Any] | None, argument_keys: tuple[str, ...] = ("arguments", "parameters")
                       ) -> list[RawCall] | None:
     """The calls in parsed JSON values (each an object, or an array of them); None if any
@@ -186,4 +198,4 @@ class JsonCallsRegion:
             self._extent = JsonExtent(rest + 1)
 
     def calls(self, text: str) -> list[RawCall] | None:
-        return calls_from_values(json_values(text, self._separators), self._argument_keys)
+        return calls_from_values(call_values(text, self._separators), self._argument_keys)

@@ -16,8 +16,8 @@ from router.tool_calls.base import (
     RawCall,
     Region,
     ToolDialect,
+    call_values,
     calls_from_values,
-    json_values,
 )
 
 
@@ -35,7 +35,7 @@ class TaggedRegion:
         return found + len(CALL_CLOSE)
 
     def calls(self, text: str) -> list[RawCall] | None:
-        return calls_from_values(json_values(text[: -len(CALL_CLOSE)]))
+        return calls_from_values(call_values(text[: -len(CALL_CLOSE)]))
 
 
 FENCE = "```"
@@ -70,7 +70,7 @@ class FencedRegion:
 
     def calls(self, text: str) -> list[RawCall] | None:
         inner = text[: -len(FENCE)]
-        return calls_from_values(json_values(inner.removeprefix("json")))
+        return calls_from_values(call_values(inner.removeprefix("json")))
 
 
 def _region(marker: str) -> Region:

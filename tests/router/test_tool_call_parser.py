@@ -52,6 +52,10 @@ CASES: list[tuple[str, str, str, list[tuple[str, dict[str, Any]]]]] = [
     (HERMES, json.dumps({"name": "get_weather", "arguments": PARIS}), "", [("get_weather", PARIS)]),
     (HERMES, '\n{"name": "a", "arguments": {}}\n{"name": "b", "arguments": {"n": [1]}}\n', "",
      [("a", {}), ("b", {"n": [1]})]),
+    # ... with its braces doubled, as Qwen's template shows the format (the 1.5B, under OpenCode)
+    (HERMES, '{{"name": "read_file", "arguments": {"path": "/tmp/hello.txt"}}}', "",
+     [("read_file", {"path": "/tmp/hello.txt"})]),
+    (HERMES, '<tool_call>\n{{"name": "a", "arguments": {}}}\n</tool_call>', "", [("a", {})]),
     (HERMES, 'Here: {"name": "a", "arguments": {}}', 'Here: {"name": "a", "arguments": {}}', []),  # not at the start
     # ... or in a code block (so does it, with a system prompt and two tools)
     (HERMES, '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```', "",
@@ -93,6 +97,7 @@ MALFORMED: list[tuple[str, str, str]] = [
     (HERMES, '<tool_call>{"name": "a", "arguments": [1]}</tool_call>', "arguments not an object"),
     (HERMES, "<tool_call>just words</tool_call>", "not JSON"),
     (HERMES, '{"answer": 42}', "JSON that is no call"),
+    (HERMES, '{{"answer": 42}}', "doubled braces around JSON that is no call"),
     (HERMES, '```json\n{"answer": 42}\n```', "JSON in a code block that is no call"),
     (HERMES, '```json\n{"name": "a", "arguments": {}}\n', "a code block never closed"),
     (MLXD, '{"name": "Ada", "age": 36}', "JSON naming no offered function"),
