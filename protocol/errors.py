@@ -25,6 +25,8 @@ class RequestError(Exception):
         error_type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        num_prompt_tokens: int | None = None,
+        context_window: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -32,3 +34,7 @@ class RequestError(Exception):
         self.error_type = error_type
         self.param = param
         self.code = code
+        # a prompt too long for the window: both numbers, so each dialect can word its own
+        # message (Anthropic clients look for "prompt is too long: N tokens > W maximum")
+        self.num_prompt_tokens = num_prompt_tokens
+        self.context_window = context_window

@@ -192,6 +192,34 @@ class AddRequest(Message):
     constraint: Constraint | None = None  # structured output / forced tool calls
     # the model's or profile's output cap, when tighter than the worker's max_output_tokens
     max_output_tokens: int | None = None
+    # the last message is the start of the assistant's answer (a prefill such as "{"): the
+    # template renders it open, and the answer is its continuation
+    continue_final_message: bool = False
+
+
+@dataclass
+class CountTokens(Message):
+    """Router -> worker: how many tokens would `request`'s prompt be? Rendered and
+    tokenized exactly as if `request` were sent (whatever of it shapes the prompt), on the
+    worker's tokenizer thread, so it never waits behind generation; answered by a
+    TokenCount or an ErrorEvent. A prompt too long for the context window is counted, not
+    refused. Nothing is generated."""
+
+    type: ClassVar[str] = "count_tokens"
+    request: AddRequest
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+@dataclass
+class TokenCount(Message):
+    """Worker -> router: the answer to a CountTokens, the last event for its id."""
+
+    type: ClassVar[str] = "token_count"
+    request_id: str
+    num_tokens: int
 
 
 @dataclass
@@ -279,6 +307,7 @@ class FinishEvent(Message):
     finish_reason: str
     usage: Usage
     timings: Timings = field(default_factory=Timings)
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop"), if one did
 
 
 @dataclass
@@ -295,16 +324,20 @@ class ErrorEvent(Message):
     error_type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    num_prompt_tokens: int | None = None  # a prompt too long for the context window: its size
+    context_window: int | None = None  # and the window it did not fit
 
     @classmethod
     def from_error(cls, request_id: str, error: RequestError) -> ErrorEvent:
         """The event that carries `error` for `request_id` to the router."""
-        return cls(request_id, error.message, error.status, error.error_type, error.param, error.code)
+        return cls(request_id, error.message, error.status, error.error_type, error.param, error.code,
+                   error.num_prompt_tokens, error.context_window)
 
     def to_error(self) -> RequestError:
         """The error again, as the router raises it into the HTTP layer."""
         return RequestError(self.message, status=self.status, error_type=self.error_type, param=self.param,
-                            code=self.code)
+                            code=self.code, num_prompt_tokens=self.num_prompt_tokens,
+                            context_window=self.context_window)
 
 
 @dataclass

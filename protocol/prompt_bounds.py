@@ -24,7 +24,8 @@ def context_error(add: AddRequest, min_tokens: int, window: int, detail: str = "
     return RequestError(
         f"prompt is {'at least ' if detail else ''}{min_tokens} tokens{detail}, but this model's context window "
         f"is {window} tokens (prompt + completion must fit); shorten the prompt",
-        param="messages" if add.messages is not None else "prompt", code="context_length_exceeded")
+        param="messages" if add.messages is not None else "prompt", code="context_length_exceeded",
+        num_prompt_tokens=min_tokens, context_window=window)
 
 
 def check_prompt_fits(add: AddRequest, window: int, max_token_chars: int) -> None:

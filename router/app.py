@@ -11,7 +11,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from router import admin
-from router.api import health, models, openai_chat, openai_completions
+from router.api import health, models, openai_chat, openai_completions, openai_responses
+from router.api import anthropic_count_tokens, anthropic_messages
 from router.auth import APIKeyMiddleware
 from router.body_limit import BodyLimitMiddleware
 from router.config import RouterConfig
@@ -35,10 +36,14 @@ def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
 
     routes = [
         Route("/health", health.health, methods=["GET"]),
+        Route("/api/hello", health.hello, methods=["GET"]),  # HEAD too: Starlette adds it to every GET
+        Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic_count_tokens.count_tokens, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
         Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_completions.completions, methods=["POST"]),
+        Route("/v1/responses", openai_responses.responses, methods=["POST"]),
         Route("/admin/status", admin.status, methods=["GET"]),
         Route("/admin/models/{model_id:path}/load", admin.load_model, methods=["POST"]),
         Route("/admin/models/{model_id:path}/unload", admin.unload_model, methods=["POST"]),

@@ -1,4 +1,5 @@
-"""API-key check in front of every route but /health (probes must work without the key)."""
+"""API-key check in front of every route but the probes (/health, Claude Code's /api/hello),
+which must work without the key."""
 
 from __future__ import annotations
 
@@ -7,9 +8,19 @@ import hmac
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from router.api import anthropic_errors
 from router.http_errors import error_response
 
-OPEN_PATHS = frozenset({"/health"})
+# Claude Code sends `HEAD /api/hello` with no key at start-up, as a connectivity check
+OPEN_PATHS = frozenset({"/health", "/api/hello"})
+ANTHROPIC_PATH = "/v1/messages"  # and everything under it: count_tokens
+
+
+def is_anthropic(scope: Scope, headers: Headers) -> bool:
+    """A request from an Anthropic client, which expects Anthropic's error shape: one on an
+    Anthropic route, or one carrying the `anthropic-version` header its SDKs always send."""
+    path = scope["path"]
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/") or "anthropic-version" in headers
 
 
 def supplied_key(headers: Headers) -> str | None:
@@ -36,12 +47,18 @@ class APIKeyMiddleware:
         if self.api_key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        key = supplied_key(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        key = supplied_key(headers)
         if key is not None and hmac.compare_digest(key.encode(), self.api_key.encode()):
             await self.app(scope, receive, send)
             return
-        message = ("missing API key: send 'Authorization: Bearer KEY'" if key is None
-                   else "incorrect API key provided")
-        response = error_response(401, message, "invalid_request_error", None, "invalid_api_key")
+        if is_anthropic(scope, headers):
+            message = ("missing API key: send 'x-api-key: KEY' or 'Authorization: Bearer KEY'" if key is None
+                       else "invalid x-api-key")
+            response = anthropic_errors.error_response(401, "authentication_error", message)
+        else:
+            message = ("missing API key: send 'Authorization: Bearer KEY'" if key is None
+                       else "incorrect API key provided")
+            response = error_response(401, message, "invalid_request_error", None, "invalid_api_key")
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)

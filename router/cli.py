@@ -54,7 +54,7 @@ def _metavar(key: str, kind: type) -> str:
         return "SECONDS" if key.endswith("_s") else "X"
     return {"api_key": "KEY", "home": "DIR", "model_dir": "DIR", "model": "MODEL", "config": "PATH",
             "pin": "NAME", "kvstore_dir": "DIR", "allowed_hosts": "NAME",
-            "cors_origins": "ORIGIN"}.get(key, key.upper())
+            "cors_origins": "ORIGIN", "model_aliases": "PATTERN=MODEL"}.get(key, key.upper())
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:

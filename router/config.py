@@ -32,8 +32,9 @@ from router.config_values import (
     type_hints,
     unknown_key_message,
 )
+from router.model_aliases import DEFAULT_MODEL_ALIASES, DEFAULT_TARGET
 from router.model_settings import ModelSettings
-from router.profiles import Profile, check_model_name, check_profile
+from router.profiles import Profile, check_model_name, check_profile, split_model_name
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TABLES = ("models", "profiles")  # settings that are TOML tables, so they exist in the config file only
@@ -91,6 +92,12 @@ class RouterConfig:
         "largest request body accepted (413 above it); 8 MiB holds a 1M-token conversation's text, and a "
         "bigger body only costs memory and time",
     )
+    normalize_billing_header: bool = setting(
+        True,
+        "drop the per-request billing line Claude Code puts first in its system prompt "
+        "('x-anthropic-billing-header: ...') before rendering, so the rest of the prompt keeps hitting the "
+        "prefix cache",
+    )
     allowed_hosts: tuple[str, ...] = setting(
         (), "Host names accepted without an API key besides loopback names and --host (a DNS-rebinding guard); "
         "'*' accepts any; repeat the flag for more", repeatable=True
@@ -129,6 +136,14 @@ class RouterConfig:
         default_factory=FrozenMap,
         metadata={"help": 'named request defaults sharing a model\'s engine, [profiles."MODEL:PROFILE"] tables',
                   "table": True},
+    )
+    model_aliases: Mapping[str, str] = field(
+        default_factory=lambda: FrozenMap(DEFAULT_MODEL_ALIASES),
+        metadata={"help": "glob pattern -> model (or MODEL:PROFILE) for names no model or alias has, first match "
+                          f"wins; '{DEFAULT_TARGET}' is the first --model (or pinned model); a flag takes "
+                          "PATTERN=MODEL and may repeat; setting it replaces the default "
+                          f"(claude-*={DEFAULT_TARGET}, so Claude Code works unconfigured)",
+                  "repeatable": True},
     )
     # --- the children: each setting is defined once in protocol.settings; a flag and a
     # config-file key of its own name (`max_num_seqs`), sent whole in the handshake
@@ -278,6 +293,7 @@ def _check(config: RouterConfig) -> None:
     _check_models(config)
     for name, profile in config.profiles.items():
         check_profile(name, profile)
+    _check_model_aliases(config)
 
 
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s]+", re.IGNORECASE)
@@ -313,6 +329,22 @@ def _check_models(config: RouterConfig) -> None:
             check_model_name(f"{where}.aliases", alias)
             if owner.setdefault(alias, name) != name:
                 raise ConfigError(f"{where}.aliases", f"{alias!r} already names model {owner[alias]!r}")
+
+
+def _check_model_aliases(config: RouterConfig) -> None:
+    """A target is a model name or a configured profile; whether that model exists is only
+    known once the model directory is read, so the pool checks it at start."""
+    for pattern, target in config.model_aliases.items():
+        where = f"model_aliases.{quote_key(pattern)}"
+        if not pattern.strip():
+            raise ConfigError("model_aliases", "a pattern must not be empty")
+        if target == DEFAULT_TARGET:
+            continue
+        model, profile = split_model_name(target)
+        check_model_name(where, model)
+        if profile is not None and target not in config.profiles:
+            raise ConfigError(where, f"{target!r} names no profile; define [profiles.{quote_key(target)}] "
+                              f"or give a model name")
 
 
 def setting_fields() -> dict[str, dataclasses.Field]:
@@ -376,7 +408,7 @@ def make_config(overrides: Mapping[str, Any] | None = None) -> RouterConfig:
         if key not in hints:
             raise ConfigError(key, unknown_key_message(key, list(hints)))
         target = sections[SECTION_OF[key]] if key in SECTION_OF else kwargs
-        if value is None or key in TABLES or typing.get_origin(hints[key]) is tuple:
+        if value is None or key in TABLES or typing.get_origin(hints[key]) in (tuple, Mapping):
             target[key] = value  # checked by RouterConfig itself
             continue
         kind = kinds[key]

@@ -180,6 +180,8 @@ def toml_value(value: Any) -> str:
         return quote_key(str(value))
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, Mapping):  # an inline table keeps the order (model_aliases: first match wins)
+        return "{" + ", ".join(f"{quote_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no TOML form for {value!r}")
 
 

@@ -104,6 +104,8 @@ def type_hints(cls: type) -> dict[str, Any]:
 def _type_words(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         return "a list of strings"
+    if typing.get_origin(hint) is Mapping:
+        return "a table of strings"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string",
             Path: "a path (string)"}.get(hint, getattr(hint, "__name__", str(hint)))
 
@@ -119,6 +121,8 @@ def strict_value(key: str, value: Any, hint: Any) -> Any:
         if value is None:
             return None
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) is Mapping:
+        return string_map(key, value)
     if typing.get_origin(hint) is tuple:
         items = [value] if isinstance(value, str) else value
         if isinstance(items, (list, tuple)) and all(isinstance(item, str) for item in items):
@@ -134,6 +138,24 @@ def strict_value(key: str, value: Any, hint: Any) -> Any:
     elif hint in (bool, str) and isinstance(value, hint):
         return value
     raise ConfigError(key, f"expected {_type_words(hint)}, got {value!r}")
+
+
+def string_map(key: str, value: Any) -> FrozenMap[str]:
+    """A setting that maps names to names, in order: a TOML table, or (from repeated
+    flags) `KEY=VALUE` strings, split at the first `=`."""
+    if isinstance(value, FrozenMap):
+        return value
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+        pairs = [item.partition("=") for item in value]
+        bad = next((item for item, (_, equals, _) in zip(value, pairs) if not equals), None)
+        if bad is not None:
+            raise ConfigError(key, f"expected KEY=VALUE, got {bad!r}")
+        value = {name: target for name, _, target in pairs}
+    if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return FrozenMap(value)
+    raise ConfigError(key, f"expected a table of strings (or KEY=VALUE strings), got {value!r}")
 
 
 def normalize_fields(obj: Any, tables: Mapping[str, type] | None = None,

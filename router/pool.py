@@ -26,6 +26,7 @@ from router import model_registry
 from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
 from router.model_files import convert_once
+from router.model_aliases import DEFAULT_TARGET, AliasLog, match_alias
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
 from router.profiles import Profile, split_model_name
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError, WorkerSupervisor
@@ -59,6 +60,7 @@ class WorkerPool:
         self.preload = list(models)
         self.pinned: set[str] = set(config.pinned)  # admin pin/unpin change it at run time
         self.aliases = dict(config.alias_targets)
+        self.alias_log = AliasLog()
         self.supervisors: dict[str, WorkerSupervisor] = {}
         self.last_used: dict[str, float] = {}
         self.recent: dict[str, list[FinishEvent]] = {}
@@ -90,6 +92,7 @@ class WorkerPool:
             if unknown:
                 raise RequestError(f"pinned model(s) not found: {', '.join(unknown)} "
                                    f"(looked in {self.config.models_dir})", status=404)
+            self._check_alias_targets()
             for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
                 await self.load(self.aliases.get(model_id, model_id))
         except BaseException:
@@ -133,9 +136,36 @@ class WorkerPool:
     def models(self) -> list[str]:
         return sorted(self.registry)
 
+    @property
+    def default_model(self) -> str | None:
+        """The model `model_aliases`' DEFAULT_TARGET means: the first command-line model,
+        else the first pinned one (None: the service has neither)."""
+        if self.preload:
+            return self.preload[0]
+        pinned = sorted(self.pinned)
+        return self.aliases.get(pinned[0], pinned[0]) if pinned else None
+
     def resolve(self, name: str) -> tuple[str, Profile | None]:
-        """A requested name -> (model id, profile or None). Unknown names are a 404;
-        names are only ever looked up, never used as paths."""
+        """A requested name -> (model id, profile or None): a model, a profile or an alias,
+        else the first `model_aliases` pattern it matches. Unknown names are a 404; names
+        are only ever looked up, never used as paths."""
+        found = self._resolve_exact(name)
+        if found is not None:
+            return found
+        matched = match_alias(self.config.model_aliases, name)
+        if matched is not None:
+            pattern, target = matched
+            target = self.default_model if target == DEFAULT_TARGET else target
+            found = self._resolve_exact(target) if target is not None else None
+            if found is not None:
+                self.alias_log.note(name, pattern, target)
+                return found
+        profiles = self.config.profiles
+        available = ", ".join([*self.models, *sorted(profiles)]) or "none"
+        raise RequestError(f"The model '{name}' does not exist. Available models: {available}",
+                           status=404, param="model", code="model_not_found")
+
+    def _resolve_exact(self, name: str) -> tuple[str, Profile | None] | None:
         profiles = self.config.profiles
         if name in profiles:
             model_part = split_model_name(name)[0]
@@ -145,9 +175,15 @@ class WorkerPool:
         model_id = self.aliases.get(name, name)
         if model_id in self.registry:
             return model_id, None
-        available = ", ".join([*self.models, *sorted(profiles)]) or "none"
-        raise RequestError(f"The model '{name}' does not exist. Available models: {available}",
-                           status=404, param="model", code="model_not_found")
+        return None
+
+    def _check_alias_targets(self) -> None:
+        """A `model_aliases` target naming no model is a typo in the config: it would turn
+        every name it catches into a 404, so it stops the start instead."""
+        for pattern, target in self.config.model_aliases.items():
+            if target != DEFAULT_TARGET and self._resolve_exact(target) is None:
+                raise RequestError(f"model_aliases: {pattern!r} maps to {target!r}, which is no model "
+                                   f"(looked in {self.config.models_dir})", status=404)
 
     def get(self, model_id: str) -> WorkerSupervisor:
         """The loaded supervisor of `model_id`: 404 if unknown, 503 if not loaded."""

@@ -27,6 +27,12 @@ def sse_data(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One named event, `event: <type>` + `data: <payload>`, the name being the payload's
+    `type` (Anthropic's framing; clients dispatch on the name)."""
+    return f"event: {payload['type']}\n".encode() + sse_data(payload)
+
+
 class KeepAliveTimer:
     """When the stream next owes the client a keep-alive: `interval_s` after the last write.
 

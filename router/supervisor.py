@@ -18,6 +18,7 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     WORKER_ROLE,
     AddRequest,
+    CountTokens,
     Message,
     Pong,
     Ready,
@@ -61,7 +62,7 @@ class WorkerSupervisor(ChildSupervisor):
 
     # ---------------------------------------------------------------- public
 
-    def open_request(self, add: AddRequest) -> RequestStream:
+    def open_request(self, add: AddRequest | CountTokens) -> RequestStream:
         """Send `add` to the worker; raises `WorkerDead` (a 503) unless it is ready."""
         if self.state != "ready" or self.identity is None:
             raise WorkerDead(self.unavailable_reason())

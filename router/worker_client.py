@@ -27,20 +27,22 @@ from protocol.errors import ProtocolError, RequestError, WorkerDead
 from protocol.messages import (
     AbortRequest,
     AddRequest,
+    CountTokens,
     ErrorEvent,
     EventBatch,
     FinishEvent,
     Message,
     ProgressEvent,
     PromptEvent,
+    TokenCount,
     TokenEvent,
 )
 from protocol.sockets import make_socket
 
 logger = logging.getLogger(__name__)
 
-REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent)
-TERMINAL_EVENTS = (FinishEvent, ErrorEvent)
+REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent, TokenCount)
+TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount)
 
 PeerHandler = Callable[[Message], None]
 
@@ -198,8 +200,10 @@ class WorkerClient:
 
     # ---------------------------------------------------------------- requests
 
-    def open_request(self, identity: bytes, add: AddRequest) -> RequestStream:
-        """Register a stream for `add.request_id`, then send the request to the worker."""
+    def open_request(self, identity: bytes, add: AddRequest | CountTokens) -> RequestStream:
+        """Register a stream for `add.request_id`, then send the request to the worker. A
+        CountTokens is a request too: its one answer (a TokenCount) ends its stream, and a
+        worker's death fails it like any other."""
         if add.request_id in self._requests:
             raise ValueError(f"duplicate request id {add.request_id}")
         try:
@@ -286,5 +290,5 @@ class WorkerClient:
                 self._undelivered(message, f"the request could not be sent to the worker ({exc!r})")
 
     def _undelivered(self, message: Message, reason: str) -> None:
-        if isinstance(message, AddRequest) and message.request_id in self._requests:
+        if isinstance(message, (AddRequest, CountTokens)) and message.request_id in self._requests:
             self._requests[message.request_id].fail(WorkerDead(reason))

@@ -83,8 +83,13 @@ class Admitter:
         the context window is refused before it is tokenized, since tokenizing megabytes
         takes seconds."""
         check_prompt_fits(request, context_window(request, self._context_length), self._max_token_chars)
+        return self.rendered_ids(request)
+
+    def rendered_ids(self, request: AddRequest) -> list[int]:
+        """The request's prompt as token ids, however long: what `prompt_ids` admits, and
+        what a token count reports (a count never refuses a prompt for its length)."""
         if request.messages is not None:
-            ids = render_chat(self._tokenizer, request.messages, request.tools)
+            ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message)
         elif request.prompt is not None:
             ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
         else:

@@ -19,6 +19,7 @@ from protocol.errors import RequestError
 from protocol.settings import WorkerSettings
 from protocol.messages import (
     AddRequest,
+    CountTokens,
     ErrorEvent,
     FinishEvent,
     Message,
@@ -157,6 +158,11 @@ class Engine:
         """The request's prompt as token ids, or the RequestError refusing it; thread-safe
         (the worker calls it from its tokenizer thread)."""
         return self._admitter.prompt_ids(request)
+
+    def count_tokens(self, request: CountTokens) -> int:
+        """How many tokens the chat prompt of `request` renders to, even one too long for
+        the context window; thread-safe (run on the worker's tokenizer thread)."""
+        return len(self._admitter.rendered_ids(request.request))
 
     def _start(self, request: AddRequest, admission: Admission, plan: PrefixPlan, arrived: float) -> None:
         """Put the request to work: a prefix hit may prefill its rest at once (`_start_hit`),
@@ -374,7 +380,7 @@ class Engine:
     def _finish(self, active: ActiveRequest, finish_reason: str, now: float) -> None:
         timings = active.timings(now)
         usage = active.usage(self.prefix_cache.block_tokens)
-        self._emit(FinishEvent(active.request_id, finish_reason, usage, timings))
+        self._emit(FinishEvent(active.request_id, finish_reason, usage, timings, active.stop_filter.matched))
         self._forget(active)
         log.info(
             "request %s done (%s): prompt %d tokens (%d cached), %d generated, "

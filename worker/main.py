@@ -23,6 +23,7 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     AbortRequest,
     AddRequest,
+    CountTokens,
     EventBatch,
     Hello,
     Message,
@@ -217,7 +218,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         max_token_chars=engine.max_token_chars,
         tool_dialect=tool_dialect,
     ))
-    preparer = PromptPreparer(engine.prepare)
+    preparer = PromptPreparer(engine.prepare, count=engine.count_tokens)
     try:
         return _loop(channel, engine, preparer, parent_pid, flags, settings.batch_window_ms)
     finally:
@@ -247,11 +248,13 @@ def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPrepare
     if engine.has_work():
         timeout = 0
     else:
-        timeout = _PREPARING_POLL_MS if preparer.num_pending else _IDLE_POLL_MS
+        timeout = _PREPARING_POLL_MS if preparer.num_pending or preparer.num_counting else _IDLE_POLL_MS
     while (message := channel.receive(timeout)) is not None:
         timeout = 0
         _handle(message, channel, engine, preparer, flags)
     _admit_prepared(engine, preparer)
+    for answer in preparer.take_counted():  # counts go out between steps, never queued behind them
+        channel.send(answer)
     give_up_at = time.monotonic() + _GATHER_CAP_WINDOWS * window_ms / 1000
     while window_ms > 0 and _gathering(engine, preparer) and not flags.stop_requested:
         left_s = give_up_at - time.monotonic()
@@ -294,6 +297,8 @@ def _handle(message: Message, channel: _Channel, engine: Engine, preparer: Promp
             engine.reject(message.request_id, exc)
             return
         preparer.submit(message)
+    elif isinstance(message, CountTokens):
+        preparer.submit_count(message)
     elif isinstance(message, AbortRequest):
         if not preparer.cancel(message.request_id):
             engine.abort(message.request_id)
@@ -317,7 +322,7 @@ def _loop(channel: _Channel, engine: Engine, preparer: PromptPreparer, parent_pi
         if flags.stop_requested and flags.drain_deadline is None:
             flags.drain_deadline = time.monotonic() + 5.0
         if flags.drain_deadline is not None:
-            if not engine.has_work() and not preparer.num_pending:
+            if not engine.has_work() and not preparer.num_pending and not preparer.num_counting:
                 log.info("shut down cleanly")
                 return 0
             if time.monotonic() > flags.drain_deadline:

@@ -1,4 +1,5 @@
-"""Chat-template rendering, tokenizing and the SSD read-ahead, on a background thread.
+"""Chat-template rendering, tokenizing and the SSD read-ahead, on a background thread; and
+token counts (`CountTokens`), which need only the first two.
 
 Tokenizing a prompt of a few hundred kilobytes takes most of a second, megabytes take
 seconds, and reading its cached blocks from SSD waits on another process; done on the
@@ -15,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.messages import AddRequest
+from protocol.errors import RequestError
+from protocol.messages import AddRequest, CountTokens, ErrorEvent, TokenCount
 
 
 @dataclass
@@ -29,6 +31,7 @@ class PreparedPrompt:
 
 
 Prepare = Callable[[AddRequest], PreparedPrompt]
+Count = Callable[[CountTokens], int]
 
 
 @dataclass
@@ -48,30 +51,69 @@ class PromptPreparer:
     cancelled first (its client went away); `num_pending` counts those still in flight.
     """
 
-    def __init__(self, prepare: Prepare, threaded: bool = True) -> None:
-        """`threaded=False` prepares inside `submit` (tests of the loop's logic)."""
+    def __init__(self, prepare: Prepare, threaded: bool = True, count: Count | None = None) -> None:
+        """`threaded=False` prepares inside `submit` (tests of the loop's logic); `count`
+        answers token counts (`submit_count`)."""
         self._prepare = prepare
+        self._count = count
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenizer") if threaded else None
         self._pending: dict[str, tuple[AddRequest, float, concurrent.futures.Future[PreparedPrompt]]] = {}
+        self._counts: dict[str, concurrent.futures.Future[int]] = {}
 
     @property
     def num_pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def num_counting(self) -> int:
+        """Token counts submitted and not yet taken (they are not requests: no slot, no queue)."""
+        return len(self._counts)
+
+    def _run(self, work: Callable[[Any], Any], argument: Any) -> concurrent.futures.Future[Any]:
+        if self._executor is not None:
+            return self._executor.submit(work, argument)
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(work(argument))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
     def submit(self, request: AddRequest) -> None:
         arrived = time.perf_counter()
-        if self._executor is not None:
-            future = self._executor.submit(self._prepare, request)
-        else:
-            future = concurrent.futures.Future()
-            try:
-                future.set_result(self._prepare(request))
-            except Exception as exc:
-                future.set_exception(exc)
-        self._pending[request.request_id] = (request, arrived, future)
+        self._pending[request.request_id] = (request, arrived, self._run(self._prepare, request))
+
+    def submit_count(self, request: CountTokens) -> None:
+        """Count `request`'s prompt on the thread, after the prompts submitted before it.
+        The engine loop only hands it over and sends the answer (`take_counted`), so a burst
+        of counts never waits behind a generation, which may run for minutes."""
+        if self._count is None:
+            raise RuntimeError("this preparer was made without a count function")
+        self._counts[request.request_id] = self._run(self._count, request)
+
+    def take_counted(self) -> list[TokenCount | ErrorEvent]:
+        """The answers of the counts that ended, in any order (each is for its own id)."""
+        answers: list[TokenCount | ErrorEvent] = []
+        for request_id, future in list(self._counts.items()):
+            if not future.done():
+                continue
+            del self._counts[request_id]
+            error = future.exception()
+            if error is None:
+                answers.append(TokenCount(request_id, future.result()))
+                continue
+            if not isinstance(error, RequestError):
+                error = RequestError(f"the worker could not count this prompt ({type(error).__name__}: {error})",
+                                     status=500, error_type="server_error")
+            answers.append(ErrorEvent.from_error(request_id, error))
+        return answers
 
     def cancel(self, request_id: str) -> bool:
-        """Drop a request still being prepared; False if it is not here (any more)."""
+        """Drop a request or count still being prepared; False if it is not here (any more)."""
+        count = self._counts.pop(request_id, None)
+        if count is not None:
+            count.cancel()
+            return True
         entry = self._pending.pop(request_id, None)
         if entry is None:
             return False

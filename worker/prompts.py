@@ -15,10 +15,13 @@ from protocol.tool_dialects import MLXD
 from worker.tool_prompt import detect_tool_dialect, fallback_messages, template_messages, template_source
 
 
-def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                continue_final: bool = False) -> list[int]:
     """The chat prompt's token ids. A template that renders tools in a dialect we parse gets
     `tools` and the history's calls as it expects them; any other gets them as text in
-    mlxd's fallback dialect (the tools in the system prompt)."""
+    mlxd's fallback dialect (the tools in the system prompt). With `continue_final` the last
+    (assistant) message is left open, with no generation prompt after it, so the answer
+    continues it (HF's `continue_final_message`: the template's end-of-turn is cut off)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "this model has no chat template; use /v1/completions with a prompt",
@@ -31,7 +34,8 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         messages = template_messages(messages, dialect)
     try:
         text = tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+            messages, tools=tools or None, add_generation_prompt=not continue_final,
+            continue_final_message=continue_final, tokenize=False
         )
     except Exception as exc:  # jinja errors: a template rejecting these messages
         raise RequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc

@@ -18,6 +18,7 @@ class StopStringFilter:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that set `stopped`
 
     def push(self, delta: str) -> str:
         """Text safe to send now; sets `stopped` when a stop string completed."""
@@ -31,6 +32,7 @@ class StopStringFilter:
         if first is not None:
             self._held = ""
             self.stopped = True
+            self.matched = first[1]
             return text[: first[0]]
         keep = self._longest_stop_prefix_suffix(text)
         self._held = text[len(text) - keep :] if keep else ""

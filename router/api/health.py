@@ -1,4 +1,5 @@
-"""GET /health: whether every worker (and the kvstore) is up, for probes and people."""
+"""GET /health: whether every worker (and the kvstore) is up, for probes and people; and
+GET/HEAD /api/hello, the probe Claude Code sends at start-up."""
 
 from __future__ import annotations
 
@@ -19,3 +20,9 @@ async def health(request: Request) -> Response:
     if not holds_key(request.headers, request.app.state.config.api_key):
         body = states_only(body)
     return JSONResponse(body, status_code=200 if pool.is_healthy() else 503)
+
+
+async def hello(request: Request) -> Response:
+    """GET/HEAD /api/hello: Claude Code's connectivity probe at start-up (no key, no body
+    read). It only asks whether something answers here, so it does not wait for a model."""
+    return Response(status_code=200)

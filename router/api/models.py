@@ -1,12 +1,16 @@
-"""GET /v1/models and /v1/models/{id}: every model the pool can serve, and every profile."""
+"""GET /v1/models and /v1/models/{id}: every model the pool can serve, and every profile;
+in OpenAI's shape, or in Anthropic's for a request with an `anthropic-version` header."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.errors import RequestError
+from router.api import anthropic_errors
 from router.api.openai_format import model_card
 from router.pool import WorkerPool
 
@@ -23,12 +27,36 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
     return model_card(name, pool.created, **extra)
 
 
+def _anthropic_card(pool: WorkerPool, name: str) -> dict[str, Any]:
+    """Anthropic's model object. Every name is resolved first, so an unknown one is the 404
+    it would be in a request."""
+    pool.resolve(name)
+    created = datetime.datetime.fromtimestamp(pool.created, datetime.UTC)
+    return {"type": "model", "id": name, "display_name": name,
+            "created_at": created.isoformat().replace("+00:00", "Z")}
+
+
+def _is_anthropic(request: Request) -> bool:
+    """Anthropic's SDKs and Claude Code send `anthropic-version` on every request; OpenAI's never."""
+    return "anthropic-version" in request.headers
+
+
 async def list_models(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
     profiles = sorted(pool.config.profiles)
     names = [*pool.models, *(p for p in profiles if p not in pool.registry)]
+    if _is_anthropic(request):  # one page with everything: nothing to page through
+        return JSONResponse({"data": [_anthropic_card(pool, m) for m in names], "has_more": False,
+                             "first_id": names[0] if names else None, "last_id": names[-1] if names else None})
     return JSONResponse({"object": "list", "data": [_card(pool, m) for m in names]})
 
 
 async def get_model(request: Request) -> Response:
-    return JSONResponse(_card(request.app.state.pool, request.path_params["model_id"]))
+    pool: WorkerPool = request.app.state.pool
+    name = request.path_params["model_id"]
+    if not _is_anthropic(request):
+        return JSONResponse(_card(pool, name))
+    try:
+        return JSONResponse(_anthropic_card(pool, name))
+    except RequestError as exc:  # the 404 in the shape the client reads
+        return anthropic_errors.answer_error(exc)

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -36,7 +36,7 @@ async def respond(request: Request, parsed: ParsedRequest, stream: RequestStream
     """An SSE stream if the client asked for one, else the whole answer as one body."""
     if parsed.stream:
         return await _start_event_stream(request, parsed, stream)
-    return await _answer_whole(request, parsed, stream)
+    return await answer_whole(request, parsed, stream, _collect)
 
 
 async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
@@ -67,33 +67,35 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def _answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
-    """Collect the whole answer, unless the client hangs up first (then abort).
+async def answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream,
+                       collect: Callable[[ParsedRequest, RequestStream], Awaitable[Response]]) -> Response:
+    """The whole answer `collect` builds from the events, unless the client hangs up
+    first (then abort). Every dialect that answers in one JSON body shares this.
 
     An answer not ready within one keep-alive interval (a long prefill) is sent as a
     200 whose body starts with whitespace, one space per interval, then the JSON: that
     keeps clients' read timeouts from firing, and JSON parsers skip leading whitespace.
     Errors that come later travel in that body in OpenAI's error shape.
     """
-    collect = asyncio.ensure_future(_collect(parsed, stream))
+    task = asyncio.ensure_future(collect(parsed, stream))
     gone = asyncio.ensure_future(_wait_for_disconnect(request))
     keepalive_s = request.app.state.config.sse_keepalive_s
     try:
-        await asyncio.wait({collect, gone}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, gone}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        collect.cancel()
+        task.cancel()
         gone.cancel()
         raise
-    if collect.done():
+    if task.done():
         gone.cancel()
-        return collect.result()  # raises RequestError / WorkerDead for the exception handlers
+        return task.result()  # raises RequestError / WorkerDead for the exception handlers
     if gone.done():
-        collect.cancel()
+        task.cancel()
         stream.abort()
         logger.info("client went away; request %s aborted", parsed.add.request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     gone.cancel()  # the streaming response watches for disconnects from here on
-    return EventStreamResponse(_padded_body(collect, keepalive_s), on_close=lambda: _cancel(collect, stream),
+    return EventStreamResponse(_padded_body(task, keepalive_s), on_close=lambda: _cancel(task, stream),
                                media_type="application/json")
 
 

@@ -8,7 +8,13 @@ import time
 import pytest
 
 from protocol.errors import RequestError
-from protocol.messages import AddRequest, SamplingParams
+from protocol.messages import (
+    AddRequest,
+    CountTokens,
+    ErrorEvent,
+    SamplingParams,
+    TokenCount,
+)
 from worker.prompt_preparer import PreparedPrompt, PromptPreparer
 
 pytestmark = pytest.mark.timeout(30)
@@ -65,3 +71,40 @@ def test_shutdown_takes_everything_pending() -> None:
     finally:
         release.set()
         preparer.close()
+
+
+def _count(request: CountTokens) -> int:
+    if request.request.prompt == "bad":
+        raise RequestError("the chat template rejected these messages", param="messages")
+    if request.request.prompt == "bug":
+        raise ValueError("a bug")
+    return len(request.request.prompt or "")
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_counts_are_answered_apart_from_prompts(threaded: bool) -> None:
+    """A count is no request: it takes no slot (`num_pending`), and its answer is a message
+    of its own, a TokenCount or an ErrorEvent (a bug in counting is a 500, not a crash)."""
+    preparer = PromptPreparer(lambda r: PreparedPrompt([1]), threaded=threaded, count=_count)
+    preparer.submit_count(CountTokens(request("c1", "four")))
+    preparer.submit_count(CountTokens(request("c2", "bad")))
+    preparer.submit_count(CountTokens(request("c3", "bug")))
+    assert preparer.num_pending == 0
+    answers: list[TokenCount | ErrorEvent] = []
+    deadline = time.monotonic() + 5
+    while len(answers) < 3 and time.monotonic() < deadline:
+        answers += preparer.take_counted()
+        time.sleep(0.01)
+    by_id = {a.request_id: a for a in answers}
+    assert by_id["c1"] == TokenCount("c1", 4)
+    assert isinstance(by_id["c2"], ErrorEvent) and by_id["c2"].status == 400
+    assert isinstance(by_id["c3"], ErrorEvent) and by_id["c3"].status == 500
+    assert preparer.num_counting == 0
+    preparer.close()
+
+
+def test_a_cancelled_count_is_never_answered() -> None:
+    preparer = PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False, count=_count)
+    preparer.submit_count(CountTokens(request("c1", "four")))
+    assert preparer.cancel("c1")
+    assert preparer.take_counted() == [] and preparer.num_counting == 0

@@ -1,0 +1,262 @@
+"""The Anthropic Messages answer to a forwarded request: one `message` body, or the SSE
+stream of `message_start`, content-block events, `message_delta` and `message_stop`.
+
+Text and tool calls come from the same parser (`router.tool_calls`) in both modes, so a
+streamed answer adds up to the whole one. Streams start once the worker has taken the
+prompt (tokenized, fits the window), before its prefill, so a refusal is still an HTTP
+error; `ping` events keep clients waiting through a long prefill; a client that goes away
+aborts the request at the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from protocol.errors import WorkerDead
+from protocol.messages import (
+    ErrorEvent,
+    FinishEvent,
+    Message,
+    PromptEvent,
+    TokenEvent,
+    Usage,
+)
+from router.api.anthropic_errors import stream_error_body
+from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
+from router.tool_calls import (
+    ArgumentsDelta,
+    CallEnd,
+    CallStart,
+    Event,
+    TextDelta,
+    ToolCallParser,
+    make_parser,
+)
+from router.validation import ParsedRequest
+from router.worker_client import RequestStream
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # what proxies log for a client that hung up; it gets no answer
+PING = {"type": "ping"}
+
+
+def usage_body(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
+    """Anthropic's usage: `input_tokens` are the prompt tokens computed, the cached rest are
+    `cache_read_input_tokens` (mlxd caches without being asked: nothing is "created")."""
+    return {"input_tokens": prompt_tokens - cached_tokens, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens, "output_tokens": output_tokens}
+
+
+def final_usage(usage: Usage) -> dict[str, int]:
+    return usage_body(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+
+
+def message_body(message_id: str, model: str, content: list[dict[str, Any]], stop_reason: str | None,
+                 stop_sequence: str | None, usage: dict[str, int]) -> dict[str, Any]:
+    """A `message` object: the whole answer, or (empty, no stop reason) `message_start`'s."""
+    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
+            "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+
+
+def tool_use_id(call_id: str) -> str:
+    """A call id in Anthropic's style (`toolu_...`), from the parser's (`call_...`)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+class ContentBlocks:
+    """One answer's text -> Anthropic content blocks: the stream's block events as the
+    text arrives (`feed`, `finish`) and the whole `content` list they add up to.
+
+    Invariants: at most one block is open, and it is the last of `content`; every block
+    that was started is stopped by `finish`; a tool_use block's `input` is an object.
+    """
+
+    def __init__(self, parser: ToolCallParser | None) -> None:
+        self._parser = parser  # None: no tools offered, all text is text
+        self.content: list[dict[str, Any]] = []
+        self._open: str | None = None  # type of the open block
+        self._arguments = ""  # the open tool_use block's input, as JSON text so far
+
+    @property
+    def has_tool_use(self) -> bool:
+        return any(block["type"] == "tool_use" for block in self.content)
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """The events `text`, the answer's next piece, settles."""
+        events = self._parser.feed(text) if self._parser is not None else [TextDelta(text)]
+        return self._translate(events)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The events still held at the end of the answer, and the last block's stop."""
+        out = self._translate(self._parser.finish()) if self._parser is not None else []
+        return out + self._close()
+
+    def _translate(self, events: list[Event]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for event in events:
+            if isinstance(event, TextDelta) and event.text:
+                if self._open != "text":
+                    out += self._close()
+                    out.append(self._start({"type": "text", "text": ""}))
+                self.content[-1]["text"] += event.text
+                out.append(self._delta({"type": "text_delta", "text": event.text}))
+            elif isinstance(event, CallStart):
+                out += self._close()
+                out.append(self._start({"type": "tool_use", "id": tool_use_id(event.id), "name": event.name,
+                                        "input": {}}))
+            elif isinstance(event, ArgumentsDelta):
+                self._arguments += event.fragment
+                out.append(self._delta({"type": "input_json_delta", "partial_json": event.fragment}))
+            elif isinstance(event, CallEnd):
+                out += self._close()
+        return out
+
+    def _start(self, block: dict[str, Any]) -> dict[str, Any]:
+        self.content.append(block)
+        self._open, self._arguments = block["type"], ""
+        return {"type": "content_block_start", "index": len(self.content) - 1, "content_block": dict(block)}
+
+    def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta}
+
+    def _close(self) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        if self._open == "tool_use":
+            self.content[-1]["input"] = _input_object(self._arguments)
+        self._open = None
+        return [{"type": "content_block_stop", "index": len(self.content) - 1}]
+
+
+def _input_object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object (the parser only completes calls whose arguments are
+    a JSON object; anything else would be a parser bug, logged and sent as {})."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        logger.error("tool call arguments are not a JSON object: %r", arguments[:200])
+        return {}
+    return value
+
+
+def _content_blocks(parsed: ParsedRequest) -> ContentBlocks:
+    tools = getattr(parsed, "tools", None)
+    parser = make_parser(tools, parsed.tool_dialect, parsed.add.request_id) if tools is not None else None
+    return ContentBlocks(parser)
+
+
+def stop_reason(finish: FinishEvent, blocks: ContentBlocks) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) for the way the worker ended the answer."""
+    if finish.finish_reason == "length":
+        return "max_tokens", None
+    if finish.stop_sequence is not None:
+        return "stop_sequence", finish.stop_sequence
+    if blocks.has_tool_use:
+        return "tool_use", None
+    return "end_turn", None
+
+
+async def respond(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
+    """An SSE stream if the client asked for one, else the whole message as one body."""
+    if parsed.stream:
+        return await _start_stream(request, parsed, stream)
+    return await _answer_whole(request, parsed, stream)
+
+
+async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
+    blocks = _content_blocks(parsed)
+    while True:
+        event = await stream.next_event()
+        if isinstance(event, TokenEvent) and event.text:
+            blocks.feed(event.text)
+        elif isinstance(event, FinishEvent):
+            blocks.finish()
+            reason, sequence = stop_reason(event, blocks)
+            return JSONResponse(message_body(parsed.add.request_id, parsed.model, blocks.content, reason, sequence,
+                                             final_usage(event.usage)))
+        elif isinstance(event, ErrorEvent):
+            raise event.to_error()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
+    """The whole answer, unless the client hangs up first (then the request is aborted)."""
+    collect = asyncio.ensure_future(_collect(parsed, stream))
+    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not collect.done():
+            collect.cancel()
+    if collect.done() and not collect.cancelled():
+        return collect.result()  # raises the request's error for the route to answer
+    stream.abort()
+    logger.info("client went away; request %s aborted", parsed.add.request_id)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+async def _start_stream(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
+    """Wait (up to one keep-alive interval) for the worker to take or refuse the prompt, so
+    a refusal (a prompt too long: Claude Code compacts on that 400) is an HTTP error and
+    `message_start` can carry the prompt's size; then stream."""
+    keepalive_s = request.app.state.config.sse_keepalive_s
+    first = await stream.next_event(timeout=keepalive_s)
+    if isinstance(first, ErrorEvent):
+        raise first.to_error()
+    return EventStreamResponse(_events(parsed, stream, first, keepalive_s), on_close=stream.abort)
+
+
+async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message | None,
+                  keepalive_s: float) -> AsyncIterator[bytes]:
+    """The SSE body; a `ping` after every `keepalive_s` of silence (a long prefill)."""
+    rid = parsed.add.request_id
+    blocks = _content_blocks(parsed)
+    timer = KeepAliveTimer(keepalive_s)
+    prompt = first if isinstance(first, PromptEvent) else None
+    start_usage = usage_body(prompt.prompt_tokens, prompt.cached_tokens, 0) if prompt else usage_body(0, 0, 0)
+    yield sse_event({"type": "message_start", "message": message_body(rid, parsed.model, [], None, None, start_usage)})
+    event = None if prompt is not None else first
+    try:
+        while True:
+            if event is None:
+                event = await stream.next_event(timeout=timer.remaining())
+                if event is None:
+                    yield sse_event(PING)
+                    timer.wrote()
+                    continue
+            if isinstance(event, TokenEvent) and event.text:
+                for payload in blocks.feed(event.text):
+                    yield sse_event(payload)
+                    timer.wrote()
+            elif isinstance(event, FinishEvent):
+                for payload in blocks.finish():
+                    yield sse_event(payload)
+                reason, sequence = stop_reason(event, blocks)
+                yield sse_event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                 "usage": final_usage(event.usage)})
+                yield sse_event({"type": "message_stop"})
+                return
+            elif isinstance(event, ErrorEvent):
+                yield sse_event(stream_error_body(event.to_error()))
+                return
+            event = None
+    except WorkerDead as exc:
+        yield sse_event(stream_error_body(exc))
+    except Exception as exc:  # headers are sent: the error can only travel in the stream
+        logger.exception("stream %s failed", rid)
+        yield sse_event(stream_error_body(exc))

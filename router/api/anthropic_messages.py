@@ -1,0 +1,335 @@
+"""POST /v1/messages: the Anthropic Messages body in, as the one internal chat request.
+
+Anthropic's content blocks become the chat-template messages the OpenAI chat API builds
+(role, content, tool_calls, tool_call_id): `tool_use` is an assistant's call, `tool_result`
+a `tool` message, system text (top level or `role: "system"` entries, which Claude Code puts
+inside `messages`) one leading system message. A request that ends with an assistant message
+is a prefill the answer continues. The answer is `router.api.anthropic_answers`.
+
+Rendering is deterministic and shape-blind: a string and the same text as text blocks give
+the same prompt, `cache_control` is ignored, so resent history keeps hitting the prefix cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from protocol.messages import AddRequest
+from router.api import anthropic_answers
+from router.api.anthropic_errors import answer_error
+from router.api.billing_header import without_billing_lines
+from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
+from router.api.unknown_fields import note_unknown_fields
+from router.profiles import Profile, apply_profile
+from router.requests import Dialect, handle, model_name
+from router.validation import (
+    MAX_STOP_STRINGS,
+    MAX_TOKENS_LIMIT,
+    ParsedRequest,
+    bad,
+    flag,
+    integer,
+    parse_sampling,
+    short,
+)
+
+logger = logging.getLogger(__name__)
+
+ANTHROPIC_MESSAGES_FIELDS = frozenset({
+    "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
+    "tools", "tool_choice", "metadata", "thinking", "cache_salt",
+})
+IMAGE_TEXT = "[image]"  # what a text-only model sees where the client sent an image
+DROPPED_SILENTLY = frozenset({"thinking", "redacted_thinking"})  # the model's own reasoning: not re-read
+
+_logged_types: set[str] = set()
+
+
+@dataclass(frozen=True)
+class MessagesRequest(ChatRequest):
+    """A chat request that answers in Anthropic's shape; `prefill` is the assistant text the
+    answer continues (not repeated in the answer, as Anthropic does)."""
+
+    prefill: str = ""
+
+
+def _note_dropped(block_type: Any, where: str) -> None:
+    """One log line per block type mlxd does not render (clients resend history every
+    turn: a line per request would drown the log)."""
+    key = f"{where}:{block_type}"
+    if key not in _logged_types:
+        _logged_types.add(key)
+        logger.info("messages: dropping %s content block of type %r (not rendered; logged once)", where, block_type)
+
+
+def _note_image(where: str) -> None:
+    key = f"{where}:image"
+    if key not in _logged_types:
+        _logged_types.add(key)
+        logger.info("messages: an image in %s is rendered as %r: this model reads text only (logged once)",
+                    where, IMAGE_TEXT)
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """Content as a list of blocks: a string is one text block, so both shapes render the same."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if content is None:
+        return []
+    if not isinstance(content, list):
+        raise bad("messages", f"'{where}' must be a string or a list of content blocks")
+    for j, block in enumerate(content):
+        if not isinstance(block, dict):
+            raise bad("messages", f"'{where}[{j}]' must be an object")
+    return content
+
+
+def _block_text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise bad("messages", f"'{where}.text' must be a string")
+    return text
+
+
+def _plain_texts(content: Any, where: str) -> list[str]:
+    """The texts of system content (text blocks; an image becomes IMAGE_TEXT, any other
+    block is dropped)."""
+    texts = []
+    for j, block in enumerate(_blocks(content, where)):
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(_block_text(block, f"{where}[{j}]"))
+        elif kind == "image":
+            _note_image(where)
+            texts.append(IMAGE_TEXT)
+        else:
+            _note_dropped(kind, "system")
+    return texts
+
+
+def _tool_result_text(content: Any, where: str) -> str:
+    """A tool result's content as one text: text blocks as they are, images as IMAGE_TEXT,
+    any other block (Claude Code's `tool_reference`) as its JSON, so nothing the tool
+    returned is lost and the same result always reads the same."""
+    parts = []
+    for j, block in enumerate(_blocks(content, where)):
+        kind = block.get("type")
+        if kind == "text":
+            parts.append(_block_text(block, f"{where}[{j}]"))
+        elif kind == "image":
+            _note_image("tool_result")
+            parts.append(IMAGE_TEXT)
+        else:
+            shown = {key: value for key, value in block.items() if key != "cache_control"}
+            parts.append(json.dumps(shown, ensure_ascii=False, sort_keys=True))
+    return "\n".join(parts)
+
+
+def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+    """One user turn: a `tool` message per tool_result (first: the calls' results answer the
+    previous turn), then the user's text, if any."""
+    results: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(_blocks(content, where)):
+        kind, spot = block.get("type"), f"{where}[{j}]"
+        if kind == "text":
+            texts.append(_block_text(block, spot))
+        elif kind == "image":
+            _note_image("messages")
+            texts.append(IMAGE_TEXT)
+        elif kind == "tool_result":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str):
+                raise bad("messages", f"'{spot}.tool_use_id' must be a string")
+            text = _tool_result_text(block.get("content"), f"{spot}.content")
+            if block.get("is_error") is True:
+                text = f"Error: {text}"
+            results.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind in DROPPED_SILENTLY:
+            continue
+        else:
+            _note_dropped(kind, "user")
+    if texts or not results:
+        results.append({"role": "user", "content": "\n".join(texts)})
+    return results
+
+
+def _assistant_message(content: Any, where: str) -> dict[str, Any]:
+    """One assistant turn: its text, and its `tool_use` blocks as chat tool calls whose
+    arguments are the input's JSON text (serialized the same way every time)."""
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(_blocks(content, where)):
+        kind, spot = block.get("type"), f"{where}[{j}]"
+        if kind == "text":
+            texts.append(_block_text(block, spot))
+        elif kind == "tool_use":
+            name, call_id, arguments = block.get("name"), block.get("id"), block.get("input")
+            if not isinstance(name, str) or not name:
+                raise bad("messages", f"'{spot}.name' must be a non-empty string")
+            if call_id is not None and not isinstance(call_id, str):
+                raise bad("messages", f"'{spot}.id' must be a string")
+            if arguments is None:
+                arguments = {}
+            calls.append({"id": call_id or "", "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+        elif kind in DROPPED_SILENTLY:
+            continue
+        else:
+            _note_dropped(kind, "assistant")
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -> tuple[list[dict[str, Any]], str]:
+    """`system` and `messages` -> the chat-template messages, and the assistant prefill
+    ("" if the last message is not an assistant's).
+
+    System text comes first, in order: the top-level `system` (without Claude Code's billing
+    line unless `normalize_billing_header` is off), then each `role: "system"` entry of
+    `messages`, hoisted: templates accept a system message only at the start. Consecutive
+    user texts are merged into one turn, as Anthropic does (and templates that require
+    alternating roles need)."""
+    system = _plain_texts(body.get("system"), "system")
+    if normalize_billing_header:
+        system = without_billing_lines(system)
+    sections = ["\n".join(system)] if system else []
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "'messages' is required and must be a non-empty list")
+    turns: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}].content"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "system":
+            texts = _plain_texts(message.get("content"), where)
+            if texts:
+                sections.append("\n".join(texts))
+        elif role == "user":
+            for turn in _user_messages(message.get("content"), where):
+                if turn["role"] == "user" and turns and turns[-1]["role"] == "user":
+                    turns[-1]["content"] = "\n\n".join(t for t in (turns[-1]["content"], turn["content"]) if t)
+                else:
+                    turns.append(turn)
+        elif role == "assistant":
+            turns.append(_assistant_message(message.get("content"), where))
+        else:
+            raise bad("messages", f"'messages[{i}].role' must be \"user\", \"assistant\" or \"system\", "
+                      f"got {short(role)}")
+    prefill = ""
+    if turns and turns[-1]["role"] == "assistant":
+        last = turns[-1]
+        if last.get("tool_calls") or not last["content"]:
+            turns.pop()  # nothing to continue: answer after the history as it is
+        else:
+            prefill = last["content"]
+    if not turns:
+        raise bad("messages", "'messages' must hold at least one user message")
+    head = [{"role": "system", "content": "\n\n".join(sections)}] if sections else []
+    return head + turns, prefill
+
+
+def _openai_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """`tools`, `tool_choice` as the OpenAI chat fields `parse_tools` reads: the same
+    rendering, parser and forcing grammar serve both APIs. Server tools (web search, code
+    execution: a `type` and no `input_schema`) run at Anthropic, not here: dropped."""
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad("tools", "'tools' must be a list")
+    functions = []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict):
+            raise bad("tools", f"'tools[{i}]' must be an object")
+        if "input_schema" not in tool and tool.get("type") not in (None, "custom"):
+            _note_dropped(tool.get("type"), "tools")
+            continue
+        function: dict[str, Any] = {"name": tool.get("name")}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        if tool.get("input_schema") is not None:
+            function["parameters"] = tool["input_schema"]
+        functions.append({"type": "function", "function": function})
+    choice = body.get("tool_choice")
+    fields: dict[str, Any] = {"tools": functions}
+    if choice is None:
+        return fields
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise bad("tool_choice", "'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or "
+                  f"{{\"type\": \"tool\", \"name\": ...}}, got {short(choice)}")
+    kind = choice["type"]
+    if kind == "tool":
+        if not isinstance(choice.get("name"), str) or not choice["name"]:
+            raise bad("tool_choice", "'tool_choice.name' must name a tool")
+        fields["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
+    else:
+        fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
+    if choice.get("disable_parallel_tool_use") is True:
+        fields["parallel_tool_calls"] = False
+    return fields
+
+
+def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic's sampling fields under the names `parse_sampling` reads. `max_tokens` is
+    required, as Anthropic has it; one larger than the model's output cap is clamped by the
+    worker, never refused."""
+    if body.get("max_tokens") is None:
+        raise bad("max_tokens", "max_tokens: Field required")
+    integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
+    stops = body.get("stop_sequences")
+    if stops is None:
+        stops = body.get("stop")  # a profile's stop strings (`apply_profile` sets them)
+    if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
+        raise bad("stop_sequences", "'stop_sequences' must be a list of strings")
+    if stops is not None and len(stops) > MAX_STOP_STRINGS:
+        raise bad("stop_sequences", f"'stop_sequences' may hold at most {MAX_STOP_STRINGS} strings, got {len(stops)}")
+    return {key: body.get(key) for key in ("max_tokens", "temperature", "top_p", "top_k")} | {"stop": stops}
+
+
+def parse(body: dict[str, Any], profile: Profile | None = None, *,
+          normalize_billing_header: bool = True) -> ParsedRequest:
+    """The Messages body -> what to send the worker. `thinking` (any form) and `metadata`
+    are accepted and have no effect: these models do not think on request."""
+    note_unknown_fields("messages", body, ANTHROPIC_MESSAGES_FIELDS)
+    if profile is not None:
+        merged = apply_profile(body, profile, "chat")
+        if body.get("system") is not None:  # the client's system prompt: the profile's stays out
+            merged["messages"] = body.get("messages")
+        body = merged
+    limit = profile.context_limit if profile is not None else None
+    stream = flag(body, "stream")
+    messages, prefill = chat_messages(body, normalize_billing_header)
+    tools, tool_request = parse_tools(_openai_tools(body))
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise bad("cache_salt", "'cache_salt' must be a string")
+    add = AddRequest(
+        request_id=f"msg_{uuid.uuid4().hex[:24]}",
+        messages=messages,
+        tools=tools,
+        sampling=parse_sampling(_sampling_fields(body)),
+        cache_salt=cache_salt,
+        context_limit=limit,
+        continue_final_message=bool(prefill),
+    )
+    return MessagesRequest("chat", model_name(body), add, stream, False, limit, tools=tool_request, prefill=prefill)
+
+
+async def messages(request: Request) -> Response:
+    """The route: every failure before the answer starts is an Anthropic error response."""
+    config = request.app.state.config
+    dialect = Dialect(parse=functools.partial(parse, normalize_billing_header=config.normalize_billing_header),
+                      respond=anthropic_answers.respond, bind=bind)
+    try:
+        return await handle(request, dialect)
+    except Exception as exc:  # noqa: BLE001  (any failure answers in Anthropic's shape; answer_error logs bugs)
+        return answer_error(exc)
