@@ -435,7 +435,10 @@ def claude_runs(binary: Path, base: str, model: str, work: Path, home: Path, arg
     if not args.side_traffic:
         shown["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
     env = {**base_env(home), **shown}
-    common = ["--model", model, "--output-format", "stream-json", "--verbose", *args.claude_arg]
+    # no --model by default: Claude Code asks for its own name (claude-*), which mlxd's
+    # default model_aliases sends to the service's default model: the base URL is the only setting
+    chosen = ["--model", args.claude_model] if args.claude_model else []
+    common = [*chosen, "--output-format", "stream-json", "--verbose", *args.claude_arg]
     runs = []
     for name, extra in (("claude_turn1", []), ("claude_turn2", ["--continue"])):
         cmd = [str(binary), "-p", PROMPTS[name], *extra, *common]
@@ -472,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", default="http://127.0.0.1:8000",
                         help="mlxd root URL (a trailing /v1 is dropped); default %(default)s")
-    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="model id the CLIs request by name")
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="model id Codex requests by name")
+    parser.add_argument("--claude-model", default="",
+                        help="model name Claude Code asks for (default: none given, so its own claude-* name, "
+                             "which mlxd's default model_aliases maps to the service's default model)")
     parser.add_argument("--only", action="append", choices=["claude", "codex"], help="run only this CLI; repeatable")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per CLI invocation")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="npm prefix for the CLIs")
