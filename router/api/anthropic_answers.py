@@ -29,6 +29,7 @@ from protocol.messages import (
     Usage,
 )
 from router.api.anthropic_errors import stream_error_body
+from router.api.openai_answers import CLIENT_CLOSED_REQUEST, wait_for_disconnect
 from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import (
     ArgumentsDelta,
@@ -44,7 +45,6 @@ from router.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
 
-CLIENT_CLOSED_REQUEST = 499  # what proxies log for a client that hung up; it gets no answer
 PING = {"type": "ping"}
 
 
@@ -188,15 +188,10 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
             raise event.to_error()
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
     """The whole answer, unless the client hangs up first (then the request is aborted)."""
     collect = asyncio.ensure_future(_collect(parsed, stream))
-    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    gone = asyncio.ensure_future(wait_for_disconnect(request))
     try:
         await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -17,9 +17,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError, WorkerDead
-from protocol.messages import ErrorEvent, FinishEvent, Message, ProgressEvent, PromptEvent, TokenEvent
+from protocol.messages import (
+    ErrorEvent,
+    FinishEvent,
+    Message,
+    ProgressEvent,
+    PromptEvent,
+    TokenEvent,
+)
 from router.api.logprobs import LogprobsFormatter, take_logprobs
-from router.api.openai_format import completion_body, progress_chunk, stream_chunk, timings_extension, usage_chunk
+from router.api.openai_format import (
+    completion_body,
+    progress_chunk,
+    stream_chunk,
+    timings_extension,
+    usage_chunk,
+)
 from router.api.openai_tool_calls import tool_call_answer
 from router.http_errors import error_body, request_error_body, worker_dead_body
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
@@ -60,7 +73,8 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
             raise event.to_error()
 
 
-async def _wait_for_disconnect(request: Request) -> None:
+async def wait_for_disconnect(request: Request) -> None:
+    """Return when the client hangs up (every dialect's whole-body answer races this)."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -78,7 +92,7 @@ async def answer_whole(request: Request, parsed: ParsedRequest, stream: RequestS
     Errors that come later travel in that body in OpenAI's error shape.
     """
     task = asyncio.ensure_future(collect(parsed, stream))
-    gone = asyncio.ensure_future(_wait_for_disconnect(request))
+    gone = asyncio.ensure_future(wait_for_disconnect(request))
     keepalive_s = request.app.state.config.sse_keepalive_s
     try:
         await asyncio.wait({task, gone}, timeout=keepalive_s, return_when=asyncio.FIRST_COMPLETED)
