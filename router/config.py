@@ -84,8 +84,8 @@ class RouterConfig:
     )
     sse_keepalive_s: float = setting(
         10.0,
-        "seconds of silence on a stream before an SSE comment is sent, so clients don't time out during "
-        "a long prefill",
+        "seconds of silence on a stream before a keep-alive is sent (an SSE comment; a ping and an empty "
+        "delta on Messages; response.in_progress on Responses), so clients don't time out during a long prefill",
     )
     max_body_bytes: int = setting(
         8 << 20,

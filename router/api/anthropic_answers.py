@@ -4,7 +4,8 @@ stream of `message_start`, content-block events, `message_delta` and `message_st
 Text and tool calls come from the same parser (`router.tool_calls`) in both modes, so a
 streamed answer adds up to the whole one. Streams start once the worker has taken the
 prompt (tokenized, fits the window), before its prefill, so a refusal is still an HTTP
-error; `ping` events keep clients waiting through a long prefill; a client that goes away
+error; through a long prefill every keep-alive interval brings a `ping` and an empty
+content delta (Claude Code's 300 s stream watchdog ignores pings); a client that goes away
 aborts the request at the worker.
 """
 
@@ -93,6 +94,21 @@ class ContentBlocks:
         """The events `text`, the answer's next piece, settles."""
         events = self._parser.feed(text) if self._parser is not None else [TextDelta(text)]
         return self._translate(events)
+
+    def keepalive(self) -> list[dict[str, Any]]:
+        """Events that change no answer but count as stream activity: an empty delta to the
+        open block, opening an empty text block if none is open.
+
+        Claude Code aborts and resends a request after 300 s without a non-`ping` event
+        (its `CLAUDE_STREAM_IDLE_TIMEOUT_MS` watchdog skips pings), and a 19k-token prompt
+        prefills for longer than that on a small machine. An answer that then starts with
+        a tool call carries an empty text block before it, which every client accepts.
+        """
+        if self._open is None:
+            return [self._start({"type": "text", "text": ""})]
+        if self._open == "tool_use":
+            return [self._delta({"type": "input_json_delta", "partial_json": ""})]
+        return [self._delta({"type": "text_delta", "text": ""})]
 
     def finish(self) -> list[dict[str, Any]]:
         """The events still held at the end of the answer, and the last block's stop."""
@@ -218,7 +234,8 @@ async def _start_stream(request: Request, parsed: ParsedRequest, stream: Request
 
 async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message | None,
                   keepalive_s: float) -> AsyncIterator[bytes]:
-    """The SSE body; a `ping` after every `keepalive_s` of silence (a long prefill)."""
+    """The SSE body; a `ping` and a content keep-alive after every `keepalive_s` of
+    silence (a long prefill)."""
     rid = parsed.add.request_id
     blocks = _content_blocks(parsed)
     timer = KeepAliveTimer(keepalive_s)
@@ -232,6 +249,8 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 event = await stream.next_event(timeout=timer.remaining())
                 if event is None:
                     yield sse_event(PING)
+                    for payload in blocks.keepalive():
+                        yield sse_event(payload)
                     timer.wrote()
                     continue
             if isinstance(event, TokenEvent) and event.text:

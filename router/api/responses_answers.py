@@ -24,7 +24,7 @@ from protocol.messages import ErrorEvent, FinishEvent, TokenEvent, Usage
 from router.api.openai_answers import answer_whole
 from router.api.openai_tool_calls import ChatRequest
 from router.api.response_store import ResponseStore, StoredResponse
-from router.sse import KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_event
+from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta, ToolCallParser, make_parser
 from router.validation import ParsedRequest
 from router.worker_client import RequestStream
@@ -110,6 +110,12 @@ class OutputAssembler:
         response = self.response("in_progress")
         return [self._event("response.created", response=response),
                 self._event("response.in_progress", response=response)]
+
+    def keepalive(self) -> dict[str, Any]:
+        """A real event for a silent stretch (a long prefill): `response.in_progress` again.
+        Codex's stream idle timeout (300 s) counts parsed events, and SSE comments are not
+        events to its parser, so a comment would not keep it waiting."""
+        return self._event("response.in_progress", response=self.response("in_progress"))
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The events the next piece of the answer settles."""
@@ -259,7 +265,7 @@ def _failed(answer: OutputAssembler, error: dict[str, Any]) -> bytes:
 async def _events(parsed: ResponsesRequest, stream: RequestStream, store: ResponseStore,
                   keepalive_s: float) -> AsyncIterator[bytes]:
     """The SSE body. `response.created` goes out at once, before the prefill (a client
-    shows the turn has started); keep-alive comments while the worker is silent."""
+    shows the turn has started); `response.in_progress` again while the worker is silent."""
     answer = _assembler(parsed)
     timer = KeepAliveTimer(keepalive_s)
     for event in answer.start():
@@ -269,7 +275,7 @@ async def _events(parsed: ResponsesRequest, stream: RequestStream, store: Respon
         while True:
             message = await stream.next_event(timeout=timer.remaining())
             if message is None:
-                yield KEEPALIVE
+                yield sse_event(answer.keepalive())
                 timer.wrote()
             elif isinstance(message, TokenEvent) and message.text:
                 for event in answer.feed(message.text):

@@ -294,3 +294,5 @@ def test_the_tool_result_turn_reads_the_main_turns_prefix_from_the_cache(service
     shared_blocks = (main_prompt - 8) // 256  # the turn's prompt but its generation prompt
     assert usage["cache_read_input_tokens"] >= shared_blocks * 256, (main, usage)
     assert any(e["type"] == "ping" for e in main_events), "a prefill of seconds sends pings"
+    after_pings = [main_events[i + 1]["type"] for i, e in enumerate(main_events) if e["type"] == "ping"]
+    assert set(after_pings) <= {"content_block_start", "content_block_delta"}, after_pings  # Claude Code skips pings

@@ -4,6 +4,7 @@ official openai SDK (`responses.create`, `responses.stream`) and Codex's capture
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,10 @@ CODEX_MODEL = "qwen3-coder-30b"  # the name Codex was configured with when its b
 
 @pytest.fixture(scope="module")
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    """The service with a small output cap (replayed bodies end in seconds) and Codex's
-    model name served by the default model, through `model_aliases`."""
-    svc = Service(["--model", str(default_model_dir), "--max-output-tokens", "40",
+    """The service with a small output cap (replayed bodies end in seconds), keep-alives
+    every second (the replayed prefills show them) and Codex's model name served by the
+    default model, through `model_aliases`."""
+    svc = Service(["--model", str(default_model_dir), "--max-output-tokens", "40", "--sse-keepalive-s", "1",
                    "--model-aliases", f"{CODEX_MODEL}=<default>"], home=tmp_path_factory.mktemp("home"))
     try:
         svc.wait_ready()
@@ -79,13 +81,14 @@ def test_stream_event_sequence(client: openai.OpenAI, model: str) -> None:
     with client.responses.stream(model=model, input=FRANCE, temperature=0, store=False) as stream:
         events = list(stream)
         final = stream.get_final_response()
-    types = [event.type for event in events]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    # a prefill longer than the keep-alive interval repeats response.in_progress before the output
+    types = [event.type for i, event in enumerate(events) if i < 2 or event.type != "response.in_progress"]
     assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
                          "response.content_part.added"]
     assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                           "response.completed"]
     assert set(types[4:-4]) == {"response.output_text.delta"}
-    assert [event.sequence_number for event in events] == list(range(len(events)))
     deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
     assert deltas == final.output_text and "Paris" in deltas
     assert events[0].response.status == "in_progress" and final.status == "completed"
@@ -177,8 +180,9 @@ def test_a_bad_schema_is_refused_naming_text_format(client: openai.OpenAI, model
 
 
 def named_events(service: Service, body: dict[str, Any], headers: dict[str, str] | None = None) -> list[Any]:
-    """The SSE stream's events, each checked to be framed as `event: <type>` + `data:`."""
-    events, name = [], None
+    """The SSE stream's events, each checked to be framed as `event: <type>` + `data:`
+    (no comments: Codex's idle timeout does not count them); `_at` is when each arrived."""
+    events, name, started = [], None, time.monotonic()
     with httpx.stream("POST", f"{service.base_url}/v1/responses", json=body, headers=headers, timeout=600) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -189,9 +193,9 @@ def named_events(service: Service, body: dict[str, Any], headers: dict[str, str]
             elif line.startswith("data: "):
                 event = json.loads(line[6:])
                 assert event["type"] == name
-                events.append(event)
+                events.append({**event, "_at": time.monotonic() - started})
             else:
-                assert line == "" or line.startswith(":"), line
+                assert line == "", line
     return events
 
 
@@ -207,6 +211,11 @@ def test_codex_first_turn_is_served(service: Service) -> None:
     assert events[0]["type"] == "response.created" and events[1]["type"] == "response.in_progress"
     assert events[-1]["type"] in ("response.completed", "response.incomplete")
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    first_item = next(e["_at"] for e in events if e["type"] == "response.output_item.added")
+    keepalives = [e for e in events[2:] if e["type"] == "response.in_progress"]
+    assert all(e["response"]["status"] == "in_progress" and not e["response"]["output"] for e in keepalives)
+    if first_item > 3.0:  # a prefill of seconds: a keep-alive event every second of it
+        assert len(keepalives) >= 1, [(e["type"], e["_at"]) for e in events[:5]]
     final = events[-1]["response"]
     assert final["model"] == CODEX_MODEL and final["store"] is False and final["output"]
     assert final["usage"]["input_tokens"] > 1000  # the developer items and all twelve functions are in the prompt

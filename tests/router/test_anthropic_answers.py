@@ -53,6 +53,30 @@ def test_plain_text_without_tools_and_an_empty_answer() -> None:
     assert empty.finish() == [] and empty.content == []
 
 
+def test_keepalives_open_an_empty_text_block_that_the_answer_continues() -> None:
+    """A long prefill's keep-alives are real content events (Claude Code's watchdog skips
+    pings) that change no answer: text continues the block they opened."""
+    blocks = ContentBlocks(None)
+    first, second = blocks.keepalive(), blocks.keepalive()
+    assert first == [{"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}]
+    assert second == [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}}]
+    events = blocks.feed("Hi") + blocks.finish()
+    assert blocks.content == [{"type": "text", "text": "Hi"}]
+    assert [(e["type"], e["index"]) for e in events] == [("content_block_delta", 0), ("content_block_stop", 0)]
+
+
+def test_a_call_after_keepalives_follows_their_empty_text_block() -> None:
+    request = ToolRequest((ToolSpec("get_weather", {"type": "object"}),))
+    blocks = ContentBlocks(make_parser(request, MLXD))
+    blocks.keepalive()
+    events = blocks.feed(CALL) + blocks.finish()
+    assert [b["type"] for b in blocks.content] == ["text", "tool_use"] and blocks.content[0]["text"] == ""
+    assert blocks.content[1]["input"] == {"city": "Paris"}
+    assert events[0] == {"type": "content_block_stop", "index": 0}
+    partial = "".join(e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta")
+    assert json.loads(partial) == {"city": "Paris"}
+
+
 @pytest.mark.parametrize("reason, sequence, calls, expected", [
     ("stop", None, False, ("end_turn", None)),
     ("length", None, True, ("max_tokens", None)),
