@@ -7,8 +7,10 @@ global is read or written. The CLIs are given only the base URL, a dummy key (Cl
 refuses to start without one; Codex needs none for a custom provider) and the model name:
 
   claude: ANTHROPIC_BASE_URL=<base> ANTHROPIC_API_KEY=dummy HOME=<tmp>
-          claude -p "<prompt>" --model <id> --output-format stream-json --verbose
-          (second turn: the same plus --continue; it resends turn 1 verbatim -> prefix hit)
+          claude -p --input-format stream-json --output-format stream-json --verbose
+          (both turns in one session: the user messages go in on stdin, the second after
+          the first turn's result; `--claude-continue` runs turn 2 as `claude -p "<prompt>"
+          --continue` instead)
   codex:  HOME=<tmp> CODEX_HOME=<tmp>/.codex (the directory must exist)
           codex exec --skip-git-repo-check --json -m <id> -c model_provider=mlxd
                 -c 'model_providers.mlxd={name="mlxd",base_url="<base>/v1",wire_api="responses"}'
@@ -32,6 +34,7 @@ import argparse
 import itertools
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -449,6 +452,82 @@ def claude_runs(binary: Path, base: str, model: str, work: Path, home: Path, arg
     return runs
 
 
+def _event_type(line: str) -> str | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event.get("type") if isinstance(event, dict) else None
+
+
+def claude_session_runs(binary: Path, base: str, work: Path, home: Path, args: argparse.Namespace) -> list[dict]:
+    """Both Claude Code turns in one process, as an interactive session has them: `claude -p
+    --input-format stream-json` reads the user's messages from stdin; the second goes in
+    once the first turn's `result` is out. (A `--continue` run is a new process, and Claude
+    Code changes its system prompt between a session and its continuation: the model ID
+    line loses its `[1m]`, ~770 tokens in, so turn 2 would miss the cache from there.)"""
+    shown = {"ANTHROPIC_BASE_URL": base, "ANTHROPIC_API_KEY": "dummy", "HOME": str(home)}
+    if not args.side_traffic:
+        shown["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] = "1"
+    env = {**base_env(home), **shown}
+    chosen = ["--model", args.claude_model] if args.claude_model else []
+    cmd = [str(binary), "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
+           *chosen, *args.claude_arg]
+    log(f"claude session: {' '.join(cmd)}")
+    proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    errors: list[str] = []
+    drain = threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    drain.start()
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read_stdout() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read_stdout, daemon=True).start()
+    runs = []
+    for name in ("claude_turn1", "claude_turn2"):
+        message = {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": PROMPTS[name]}]}}
+        log(f"{name}: {PROMPTS[name]!r}")
+        proc.stdin.write(json.dumps(message) + "\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+        started, out, timed_out, ended = time.perf_counter(), [], False, False
+        while True:
+            try:
+                line = lines.get(timeout=max(0.0, args.timeout - (time.perf_counter() - started)))
+            except queue.Empty:
+                timed_out = True
+                break
+            if line is None:
+                ended = True
+                break
+            out.append(line)
+            if _event_type(line) == "result":
+                break
+        run = {"name": name, "cmd": cmd, "env": shown, "cwd": str(work), "exit_code": 0 if not (timed_out or ended)
+               else proc.poll(), "timed_out": timed_out, "duration_s": round(time.perf_counter() - started, 2),
+               "stdout": "".join(out), "stderr": ""}
+        transcript = parse_claude(run)
+        if run.get("is_error") and run["exit_code"] == 0:
+            run["exit_code"] = 1
+        if timed_out or ended:
+            run["exit_code"] = run["exit_code"] if run["exit_code"] not in (None, 0) else 1
+        runs.append((run, transcript))
+        if run["exit_code"] != 0:
+            break
+    proc.stdin.close()  # type: ignore[union-attr]
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    drain.join(timeout=5)
+    runs[-1][0]["stderr"] = "".join(errors)
+    return [finish(run, transcript, args.keep_output) for run, transcript in runs]
+
+
 def codex_runs(binary: Path, base: str, model: str, work: Path, home: Path, args: argparse.Namespace) -> list[dict]:
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)  # codex exits 1 if CODEX_HOME does not exist
@@ -479,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--claude-model", default="",
                         help="model name Claude Code asks for (default: none given, so its own claude-* name, "
                              "which mlxd's default model_aliases maps to the service's default model)")
+    parser.add_argument("--claude-continue", action="store_true",
+                        help="Claude Code's turn 2 as a second process with --continue (default: both turns in "
+                             "one --input-format stream-json session, as an interactive session has them)")
     parser.add_argument("--only", action="append", choices=["claude", "codex"], help="run only this CLI; repeatable")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per CLI invocation")
     parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR, help="npm prefix for the CLIs")
@@ -531,8 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     summary["workdir"] = str(work)
     runs: list[dict[str, Any]] = []
     try:
-        if "claude" in selected:
+        if "claude" in selected and args.claude_continue:
             runs += claude_runs(bins["claude"], base, args.model, work, root / "claude-home", args)
+        elif "claude" in selected:
+            runs += claude_session_runs(bins["claude"], base, work, root / "claude-home", args)
         if "codex" in selected:
             runs += codex_runs(bins["codex"], base, args.model, work, root / "codex-home", args)
     finally:
