@@ -8,11 +8,14 @@ Tools and the calls in the history reach the template in the model's tool dialec
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from protocol.errors import RequestError
 from protocol.tool_dialects import MLXD
 from worker.tool_prompt import detect_tool_dialect, fallback_messages, template_messages, template_source
+
+logger = logging.getLogger(__name__)
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
@@ -33,13 +36,43 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     else:
         messages = template_messages(messages, dialect)
     try:
-        text = tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=not continue_final,
-            continue_final_message=continue_final, tokenize=False
-        )
+        text = _apply(tokenizer, messages, tools, continue_final)
+        if _later_system_texts(messages) and not _all_rendered(_later_system_texts(messages), text):
+            raise ValueError("the template dropped a system message after the first")
     except Exception as exc:  # jinja errors: a template rejecting these messages
-        raise RequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+        if not _later_system_texts(messages):
+            raise RequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+        logger.info("chat template does not take system messages after the first (%s): moving them to the start",
+                    exc)
+        try:
+            text = _apply(tokenizer, hoist_system(messages), tools, continue_final)
+        except Exception as again:
+            raise RequestError(f"the chat template rejected these messages: {again}", param="messages") from again
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+           continue_final: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=not continue_final,
+                                         continue_final_message=continue_final, tokenize=False)
+
+
+def _later_system_texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [m["content"] for m in messages[1:] if m.get("role") == "system" and isinstance(m.get("content"), str)]
+
+
+def _all_rendered(texts: list[str], rendered: str) -> bool:
+    return all(t.strip() in rendered for t in texts)
+
+
+def hoist_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """System messages after the first joined into the leading one, in order, for
+    templates that take a system message only at the start (they raise or drop later
+    ones). Rendering them in place is better where it works: a system note added late in
+    a conversation (Claude Code sends them) then leaves the cached prefix before it alone."""
+    texts = [m["content"] for m in messages if m.get("role") == "system" and m.get("content")]
+    rest = [m for m in messages if m.get("role") != "system"]
+    return ([{"role": "system", "content": "\n\n".join(texts)}] if texts else []) + rest
 
 
 def render_completion(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:

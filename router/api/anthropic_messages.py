@@ -2,8 +2,8 @@
 
 Anthropic's content blocks become the chat-template messages the OpenAI chat API builds
 (role, content, tool_calls, tool_call_id): `tool_use` is an assistant's call, `tool_result`
-a `tool` message, system text (top level or `role: "system"` entries, which Claude Code puts
-inside `messages`) one leading system message. A request that ends with an assistant message
+a `tool` message; the top-level system text is the leading system message and the
+`role: "system"` entries Claude Code puts inside `messages` stay in place. A request that ends with an assistant message
 is a prefill the answer continues. The answer is `router.api.anthropic_answers`.
 
 Rendering is deterministic and shape-blind: a string and the same text as text blocks give
@@ -195,15 +195,16 @@ def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -
     """`system` and `messages` -> the chat-template messages, and the assistant prefill
     ("" if the last message is not an assistant's).
 
-    System text comes first, in order: the top-level `system` (without Claude Code's billing
-    line unless `normalize_billing_header` is off), then each `role: "system"` entry of
-    `messages`, hoisted: templates accept a system message only at the start. Consecutive
-    user texts are merged into one turn, as Anthropic does (and templates that require
-    alternating roles need)."""
+    The top-level `system` (without Claude Code's billing line unless
+    `normalize_billing_header` is off) is the leading system message; each `role: "system"`
+    entry of `messages` stays where it is, so a note Claude Code adds late in a session
+    leaves the cached prefix before it alone (the worker moves them to the start for a
+    template that takes a system message only there). Consecutive user texts are merged
+    into one turn, as Anthropic does (and templates that require alternating roles need)."""
     system = _plain_texts(body.get("system"), "system")
     if normalize_billing_header:
         system = without_billing_lines(system)
-    sections = ["\n".join(system)] if system else []
+    leading = "\n".join(system)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' is required and must be a non-empty list")
@@ -214,7 +215,7 @@ def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -
         if role == "system":
             texts = _plain_texts(message.get("content"), where)
             if texts:
-                sections.append("\n".join(texts))
+                turns.append({"role": "system", "content": "\n".join(texts)})
         elif role == "user":
             for turn in _user_messages(message.get("content"), where):
                 if turn["role"] == "user" and turns and turns[-1]["role"] == "user":
@@ -233,9 +234,9 @@ def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -
             turns.pop()  # nothing to continue: answer after the history as it is
         else:
             prefill = last["content"]
-    if not turns:
+    if not any(turn["role"] != "system" for turn in turns):
         raise bad("messages", "'messages' must hold at least one user message")
-    head = [{"role": "system", "content": "\n\n".join(sections)}] if sections else []
+    head = [{"role": "system", "content": leading}] if leading else []
     return head + turns, prefill
 
 

@@ -39,7 +39,9 @@ def test_a_string_and_text_blocks_render_the_same() -> None:
                                                                "cache_control": {"type": "ephemeral"}}]}])
     assert chat_messages(as_strings) == chat_messages(as_blocks)
     messages, _ = chat_messages(as_strings)
-    assert messages == [{"role": "system", "content": "s\n\nlate"}, {"role": "user", "content": "hi"}]
+    # in place, not hoisted: a late system note leaves the cached prefix before it alone
+    assert messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"},
+                        {"role": "system", "content": "late"}]
 
 
 def test_the_billing_block_is_kept_when_normalisation_is_off() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import transformers
 
+from protocol.errors import RequestError
 from protocol.tool_dialects import HERMES, LLAMA3_JSON, MISTRAL, MLXD
 from tests.worker import chat_templates
 from worker.prompts import render_chat
@@ -135,3 +136,45 @@ def test_fallback_keeps_arguments_that_are_not_json_as_they_are() -> None:
     broken = {**CALL, "function": {"name": "get_weather", "arguments": "{city: Paris"}}
     out = fallback_messages([{"role": "assistant", "content": "", "tool_calls": [broken]}], None)
     assert out[0]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": "{city: Paris"}\n</tool_call>'
+
+
+LATE_SYSTEM = [*TURN1, {"role": "system", "content": "Note: the user prefers Celsius."}]
+STRICT = ("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+          "{{ raise_exception('system messages are only allowed first') }}{% endif %}"
+          "<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+DROPPING = ("{% for m in messages %}{% if loop.first or m.role != 'system' %}<|{{ m.role }}|>{{ m.content }}"
+            "{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_a_late_system_message_renders_in_place_where_the_template_allows(qwen_templated: Any) -> None:
+    """Claude Code's system notes inside `messages`: in place, the prompt before them is
+    the same as without them (so a note added late keeps the cached prefix)."""
+    prompt = text(qwen_templated, LATE_SYSTEM, None)
+    assert prompt.endswith("<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>system\n"
+                           "Note: the user prefers Celsius.<|im_end|>\n<|im_start|>assistant\n")
+    without = render_chat(qwen_templated, TURN1, None, continue_final=False)
+    with_note = render_chat(qwen_templated, LATE_SYSTEM, None)
+    assert with_note[: len(without) - 3] == without[:-3]  # all but the generation prompt
+
+
+@pytest.mark.parametrize("template", [STRICT, DROPPING], ids=["raises", "drops"])
+def test_a_template_that_takes_system_only_first_gets_it_hoisted(tokenizer: Any, template: str) -> None:
+    original = tokenizer.chat_template
+    tokenizer.chat_template = template
+    try:
+        prompt = text(tokenizer, LATE_SYSTEM, None)
+        assert prompt == ("<|system|>You are terse.\n\nNote: the user prefers Celsius.<|user|>Weather in Paris?"
+                          "<|assistant|>")
+    finally:
+        tokenizer.chat_template = original
+
+
+@pytest.mark.parametrize("messages", [TURN1, LATE_SYSTEM], ids=["plain", "late-system"])
+def test_a_template_that_refuses_the_messages_is_a_400(tokenizer: Any, messages: list[dict[str, Any]]) -> None:
+    original = tokenizer.chat_template
+    tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
+    try:
+        with pytest.raises(RequestError, match="rejected these messages: roles must alternate"):
+            render_chat(tokenizer, messages, None)
+    finally:
+        tokenizer.chat_template = original
