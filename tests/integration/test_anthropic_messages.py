@@ -296,3 +296,42 @@ def test_the_tool_result_turn_reads_the_main_turns_prefix_from_the_cache(service
     assert any(e["type"] == "ping" for e in main_events), "a prefill of seconds sends pings"
     after_pings = [main_events[i + 1]["type"] for i, e in enumerate(main_events) if e["type"] == "ping"]
     assert set(after_pings) <= {"content_block_start", "content_block_delta"}, after_pings  # Claude Code skips pings
+
+
+def test_a_resend_after_a_hangup_resumes_from_the_abandoned_prefill(service: Service, model: str) -> None:
+    """Claude Code's timeout path: the client gives up mid-prefill (at its first keep-alive)
+    and sends the identical body again. The abandoned request is aborted at the worker (it
+    does not hold the model while the copy waits), and the copy reads the blocks it had
+    completed from the cache instead of computing them again."""
+    log = " ".join(f"entry {i}: request {i * 7} served in {i % 13} ms from worker {i % 3}." for i in range(330))
+    body = {"model": model, "max_tokens": 8, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Which worker served request 700?\n" + log}]}
+    keepalives = 0
+    with httpx.stream("POST", f"{service.base_url}/v1/messages", json=body, timeout=600) as response:
+        assert response.status_code == 200
+        start, message_id = None, None
+        for event in sse_events_until(response, lambda e: e["type"] == "ping" or e["type"] == "message_start"):
+            if event["type"] == "message_start":
+                start, message_id = event["message"]["usage"], event["message"]["id"]
+            else:
+                keepalives += 1
+                break  # hang up, mid-prefill
+    assert start is not None
+    prompt_tokens = start["input_tokens"] + start["cache_read_input_tokens"]
+    assert prompt_tokens > 6000
+    if not keepalives:
+        pytest.skip(f"{prompt_tokens} tokens prefilled within one keep-alive interval: nothing to hang up on")
+    again = stream_raw(service, body)
+    usage = next(e for e in again if e["type"] == "message_delta")["usage"]
+    assert usage["input_tokens"] + usage["cache_read_input_tokens"] == prompt_tokens
+    assert 256 <= usage["cache_read_input_tokens"] < prompt_tokens, usage
+    assert f"request {message_id} aborted after 0 tokens" in service.log_text()
+
+
+def sse_events_until(response: httpx.Response, wanted: Any) -> Iterator[dict[str, Any]]:
+    """The stream's events that `wanted` picks, as they arrive (the caller may stop early)."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            event = json.loads(line[len("data: "):])
+            if wanted(event):
+                yield event
