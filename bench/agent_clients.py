@@ -59,7 +59,9 @@ CODEX_VERSION = "0.171.0"
 SECRET = "amber-falcon-7342"
 SENTENCE = f"The launch code is {SECRET}."
 PROMPTS = {
-    "claude_turn1": "What is in hello.txt? Use your Read tool.",
+    # Claude Code's Read tool takes an absolute path; small models otherwise pick a path out of
+    # its system prompt (the memory directory), so the user names the file as a user would
+    "claude_turn1": "Use your Read tool to read {hello}, then tell me what it says.",
     "claude_turn2": "Repeat the launch code from hello.txt once more, exactly.",
     "codex_turn1": "What is in hello.txt?",
     "codex_turn2": "Repeat the launch code from hello.txt once more, exactly.",
@@ -351,7 +353,12 @@ def parse_claude(run: dict[str, Any]) -> list[str]:
             lines.append(f"  (non-JSON) {raw}")
             continue
         kind = event.get("type")
-        if kind == "system" and event.get("subtype") == "init":
+        if kind == "system" and event.get("subtype") == "compact_boundary":
+            run["compacted"] = True
+            lines.append(f"  [compact_boundary] {json.dumps(event.get('compact_metadata'))}")
+        elif kind == "system" and event.get("subtype") not in (None, "init"):
+            lines.append(f"  [system {event.get('subtype')}] {json.dumps(event)[:300]}")
+        elif kind == "system" and event.get("subtype") == "init":
             run["session_id"] = event.get("session_id")
             lines.append(f"  [init] model={event.get('model')} tools={len(event.get('tools') or [])} "
                          f"permissionMode={event.get('permissionMode')}")
@@ -444,7 +451,7 @@ def claude_runs(binary: Path, base: str, model: str, work: Path, home: Path, arg
     common = [*chosen, "--output-format", "stream-json", "--verbose", *args.claude_arg]
     runs = []
     for name, extra in (("claude_turn1", []), ("claude_turn2", ["--continue"])):
-        cmd = [str(binary), "-p", PROMPTS[name], *extra, *common]
+        cmd = [str(binary), "-p", PROMPTS[name].format(hello=work / "hello.txt"), *extra, *common]
         run = run_cli(name, cmd, env, work, args.timeout, shown)
         runs.append(finish(run, parse_claude(run), args.keep_output))
         if run["exit_code"] != 0:
@@ -460,7 +467,8 @@ def _event_type(line: str) -> str | None:
     return event.get("type") if isinstance(event, dict) else None
 
 
-def claude_session_runs(binary: Path, base: str, work: Path, home: Path, args: argparse.Namespace) -> list[dict]:
+def claude_session_runs(binary: Path, base: str, work: Path, home: Path, args: argparse.Namespace,
+                        turns: list[tuple[str, str]] | None = None) -> list[dict]:
     """Both Claude Code turns in one process, as an interactive session has them: `claude -p
     --input-format stream-json` reads the user's messages from stdin; the second goes in
     once the first turn's `result` is out. (A `--continue` run is a new process, and Claude
@@ -488,9 +496,10 @@ def claude_session_runs(binary: Path, base: str, work: Path, home: Path, args: a
 
     threading.Thread(target=read_stdout, daemon=True).start()
     runs = []
-    for name in ("claude_turn1", "claude_turn2"):
-        message = {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": PROMPTS[name]}]}}
-        log(f"{name}: {PROMPTS[name]!r}")
+    default_turns = [(name, PROMPTS[name].format(hello=work / "hello.txt")) for name in ("claude_turn1", "claude_turn2")]
+    for name, prompt in turns or default_turns:
+        message = {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": prompt}]}}
+        log(f"{name}: {prompt[:200]!r}{' ...' if len(prompt) > 200 else ''}")
         proc.stdin.write(json.dumps(message) + "\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
         started, out, timed_out, ended = time.perf_counter(), [], False, False
