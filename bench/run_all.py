@@ -18,8 +18,9 @@ from typing import Any
 from common import emit
 
 BENCH_DIR = Path(__file__).resolve().parent
-# agent_clients.py drives real Claude Code and Codex CLIs against a service you started (opt-in)
-NOT_SCENARIOS = {"run_all.py", "common.py", "agent_clients.py"}
+# agent_clients.py and claude_code_compaction.py drive the real Claude Code and Codex CLIs
+# against a service you started (opt-in)
+NOT_SCENARIOS = {"run_all.py", "common.py", "agent_clients.py", "claude_code_compaction.py"}
 
 
 def scenarios() -> list[Path]:
