@@ -31,7 +31,9 @@ from router.config_file import load_config, render_toml
 from router.kvstore_supervisor import KVStoreStartupError
 from router.model_files import ModelNotFound, UnknownName, gguf_command, provision, resolve_model
 from router.pool import WorkerPool
+from router import service_cli
 from router.server import make_server
+from router.service_units import ServiceSettings
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
 
 logger = logging.getLogger(__name__)
@@ -138,12 +140,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("name", metavar="NAME", help="a model name mlxd knows (an unknown one lists them)")
     _add_setting_flags(pull, only=("config", "home", "model_dir"))
+    service = commands.add_parser(
+        "service",
+        help="run mlxd as a background service (launchd on macOS, systemd --user on Linux)",
+        description="install renders the launchd agent (~/Library/LaunchAgents/local.mlxd.plist) or the "
+                    "systemd user unit (~/.config/systemd/user/mlxd.service) for this installation's mlxd, "
+                    "home, address and config file, and starts it at login; the other actions drive "
+                    "launchctl or systemctl --user. Every action is idempotent.",
+    )
+    service.add_argument("action", choices=service_cli.ACTIONS, help="what to do")
+    service.add_argument("--dry-run", action="store_true", help="print the files and commands, change nothing")
+    service.add_argument("--platform", choices=sorted(set(service_cli.PLATFORMS.values())), default=None,
+                         help="render for this platform (default: this machine's)")
+    service.add_argument("-f", "--follow", action="store_true", help="logs: keep printing new lines")
+    service.add_argument("-n", "--lines", type=int, default=100, help="logs: how many lines (default 100)")
+    _add_setting_flags(service, only=("config", "home", "host", "port", "shutdown_drain_s"))
     return parser
+
+
+# the parser's own arguments, not settings
+NOT_SETTINGS = ("command", "config_command", "name", "action", "dry_run", "platform", "follow", "lines")
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The settings given on the command line (flags not given are absent, not defaulted)."""
-    return {k: v for k, v in vars(args).items() if k not in ("command", "config_command", "name")}
+    return {k: v for k, v in vars(args).items() if k not in NOT_SETTINGS}
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -313,5 +334,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "pull":
         return pull(loaded.config, args.name)
+    if args.command == "service":
+        return service(loaded.config, args)
     return serve(loaded.config)
+
+
+def service(config: RouterConfig, args: argparse.Namespace) -> int:
+    """`mlxd service ACTION`: the unit for this installation, and the manager's commands."""
+    platform = args.platform or service_cli.current_platform()
+    if platform is None:
+        print(f"mlxd service: no service manager mlxd knows on {sys.platform} (launchd on macOS, "
+              "systemd on Linux); run `mlxd serve` under your own supervisor", file=sys.stderr)
+        return 1
+    executable = service_cli.find_executable()
+    if executable is None:
+        print("mlxd service: cannot find the installed `mlxd` (run `make install`)", file=sys.stderr)
+        return 1
+    settings = ServiceSettings(executable=executable, home=config.home.resolve(), host=config.host,
+                               port=config.port, config=config.config.resolve() if config.config else None,
+                               drain_s=config.shutdown_drain_s)
+    steps = service_cli.plan(args.action, platform, settings, service_cli.user_home(), os.getuid(),
+                             follow=args.follow, lines=args.lines)
+    return service_cli.run(steps, args.dry_run)
 
