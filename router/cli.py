@@ -31,7 +31,7 @@ from router.config_file import load_config, render_toml
 from router.kvstore_supervisor import KVStoreStartupError
 from router.model_files import ModelNotFound, UnknownName, gguf_command, provision, resolve_model
 from router.pool import WorkerPool
-from router import service_cli
+from router import service_cli, status_cli
 from router.server import make_server
 from router.service_units import ServiceSettings
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
@@ -155,11 +155,19 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument("-f", "--follow", action="store_true", help="logs: keep printing new lines")
     service.add_argument("-n", "--lines", type=int, default=100, help="logs: how many lines (default 100)")
     _add_setting_flags(service, only=("config", "home", "host", "port", "shutdown_drain_s"))
+    status = commands.add_parser(
+        "status",
+        help="show the running service: models, memory, cache tiers, requests",
+        description="Read the running service's /admin/status (found by the same --home/--config/--host/--port "
+                    "as `mlxd serve`, with its API key) and print it as a table, or as JSON with --json.",
+    )
+    status.add_argument("--json", dest="as_json", action="store_true", help="print /admin/status's JSON as is")
+    _add_setting_flags(status, only=("config", "home", "host", "port", "api_key"))
     return parser
 
 
 # the parser's own arguments, not settings
-NOT_SETTINGS = ("command", "config_command", "name", "action", "dry_run", "platform", "follow", "lines")
+NOT_SETTINGS = ("command", "config_command", "name", "action", "dry_run", "platform", "follow", "lines", "as_json")
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -336,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return pull(loaded.config, args.name)
     if args.command == "service":
         return service(loaded.config, args)
+    if args.command == "status":
+        return status_cli.status_command(loaded.config, args.as_json)
     return serve(loaded.config)
 
 

@@ -200,6 +200,23 @@ def shared(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     svc.stop()
 
 
+def test_mlxd_status_prints_the_running_services_table(shared: Service) -> None:
+    """`mlxd status` finds the service by the same --home/--port, and --json is the admin status."""
+    assert chat(shared, DEFAULT).status_code == 200
+    where = ["--home", str(shared.home), "--port", str(shared.port)]
+    done = subprocess.run([sys.executable, "-m", "router", "status", *where], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"mlxd 0.1.0 at {shared.base_url}, up ")
+    rows = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in (DEFAULT, TINY)}
+    assert rows[DEFAULT][1] in ("ready", "idle") and rows[TINY][1] == "unloaded", done.stdout
+    assert "cold tier: off" in done.stdout  # the shared service runs --no-cold-tier
+    as_json = subprocess.run([sys.executable, "-m", "router", "status", "--json", *where], cwd=REPO,
+                             capture_output=True, text=True, timeout=60, check=False)
+    check_status_schema(json.loads(as_json.stdout))
+
+
 @pytest.mark.parametrize("name", ["../SmolLM2-135M-Instruct", "/etc/passwd", "SmolLM2-135M-Instruct:nope"])
 def test_names_are_looked_up_never_paths(shared: Service, name: str) -> None:
     r = chat(shared, name)
