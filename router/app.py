@@ -15,16 +15,17 @@ from router.api import health, models, openai_chat, openai_completions, openai_r
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.auth import APIKeyMiddleware
 from router.body_limit import BodyLimitMiddleware
+from router.drain_gate import DrainGateMiddleware, DrainState
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
 from router.pool import WorkerPool
 from router.web_guard import web_middleware
 
 
-def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
+def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = None) -> Starlette:
     """The HTTP app in front of `pool`. The lifespan starts the pool if the caller has
     not (the CLI starts it first, to load the model before the port opens) and always
-    stops it on shutdown."""
+    stops it on shutdown. `drain` turns new requests away while the server shuts down."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -55,6 +56,7 @@ def make_app(config: RouterConfig, pool: WorkerPool) -> Starlette:
         routes=routes,
         # outermost first: what a web page may send is settled before the body is read or the key checked
         middleware=[*web_middleware(config),
+                    Middleware(DrainGateMiddleware, state=drain if drain is not None else DrainState()),
                     Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
                     Middleware(APIKeyMiddleware, api_key=config.api_key)],
         exception_handlers=EXCEPTION_HANDLERS,

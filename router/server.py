@@ -3,14 +3,17 @@ in-flight requests, then ends the rest with a clear error instead of cutting con
 
 from __future__ import annotations
 
-import asyncio
+import logging
 import socket
 
 import uvicorn
 
 from router.app import make_app
+from router.drain_gate import DrainState
 from router.config import RouterConfig
 from router.pool import WorkerPool
+
+logger = logging.getLogger(__name__)
 
 # margin after the drain deadline for the error events to reach clients before uvicorn
 # cancels whatever is still running
@@ -21,28 +24,33 @@ class RouterServer(uvicorn.Server):
     """A uvicorn server that owns the pool's shutdown order.
 
     uvicorn's own graceful shutdown stops accepting, waits for open connections, then
-    cancels them mid-write. Here in-flight requests get `shutdown_drain_s` to finish;
-    whatever is left then fails with "the server is shutting down" (an SSE error event or
-    a 503), so every client gets a well-formed answer. The lifespan then stops the workers.
+    cancels them mid-write. Here the listener stays open while in-flight requests get
+    `shutdown_drain_s` to finish, and new ones are answered 503 with `Retry-After`;
+    whatever is still running then fails with "the server is shutting down" (an SSE error
+    event or a 503), so every client gets a well-formed answer. Then uvicorn closes the
+    listener and the connections, and the lifespan stops the workers.
     """
 
-    def __init__(self, config: uvicorn.Config, pool: WorkerPool, drain_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, pool: WorkerPool, drain_s: float, drain: DrainState) -> None:
         super().__init__(config)
         self.pool = pool
         self.drain_s = drain_s
+        self.drain = drain
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = asyncio.create_task(self.pool.drain(self.drain_s))
+        self.drain.draining = True
+        logger.info("shutting down: new requests get 503; in-flight ones have %.0f s to finish", self.drain_s)
         try:
-            await super().shutdown(sockets)
+            await self.pool.drain(self.drain_s)
         finally:
-            drain.cancel()
+            await super().shutdown(sockets)
 
 
 def make_server(config: RouterConfig, pool: WorkerPool) -> RouterServer:
     """The HTTP server for `pool`; call `serve(sockets=[...])` on it."""
+    drain = DrainState()
     return RouterServer(uvicorn.Config(
-        make_app(config, pool),
+        make_app(config, pool, drain),
         host=config.host,
         port=config.port,
         log_config=None,  # the process's logging config covers uvicorn's loggers too
@@ -51,4 +59,4 @@ def make_server(config: RouterConfig, pool: WorkerPool) -> RouterServer:
         lifespan="on",
         timeout_graceful_shutdown=config.shutdown_drain_s + _CANCEL_MARGIN_S,
         server_header=False,
-    ), pool, config.shutdown_drain_s)
+    ), pool, config.shutdown_drain_s, drain)
