@@ -16,6 +16,7 @@ from router.api import anthropic_count_tokens, anthropic_messages
 from router.auth import APIKeyMiddleware
 from router.body_limit import BodyLimitMiddleware
 from router.drain_gate import DrainGateMiddleware, DrainState
+from router.request_id import RequestIdMiddleware
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
 from router.pool import WorkerPool
@@ -55,7 +56,7 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     app = Starlette(
         routes=routes,
         # outermost first: what a web page may send is settled before the body is read or the key checked
-        middleware=[*web_middleware(config),
+        middleware=[Middleware(RequestIdMiddleware), *web_middleware(config),
                     Middleware(DrainGateMiddleware, state=drain if drain is not None else DrainState()),
                     Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
                     Middleware(APIKeyMiddleware, api_key=config.api_key)],

@@ -53,6 +53,7 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     body = parse_json_body(await request.body())
     model_id, profile = pool.resolve(model_name(body))
     parsed = dialect.parse(body, profile)
+    request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
     supervisor = await pool.acquire(model_id)
     if supervisor.ready is not None:

@@ -58,6 +58,17 @@ def test_chat_non_streaming(router: RunningRouter) -> None:
                              "prompt_tokens_details": {"cached_tokens": 1}}
 
 
+def test_answers_carry_the_request_id_of_the_log_lines(router: RunningRouter) -> None:
+    with router.client() as client:
+        whole = client.post("/v1/chat/completions", json=CHAT)
+        with client.stream("POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as streamed:
+            data, _ = sse_events(streamed)
+        unparsed = client.post("/v1/chat/completions", json={"model": MODEL_ID})
+    assert whole.headers["x-request-id"] == whole.json()["id"]
+    assert streamed.headers["x-request-id"] == data[0]["id"]
+    assert "x-request-id" not in unparsed.headers  # refused before it had an id
+
+
 def test_completion_non_streaming_length(router: RunningRouter) -> None:
     with router.client() as client:
         body = client.post("/v1/completions", json={"model": MODEL_ID, "prompt": ["STOP"]}).json()
