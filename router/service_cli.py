@@ -52,12 +52,13 @@ def _launchd_plan(action: str, settings: ServiceSettings, user_home: Path, uid: 
                   lines: int) -> list[Step]:
     unit = launchd_plist(settings, user_home)
     domain, target = f"gui/{uid}", f"gui/{uid}/{LAUNCHD_LABEL}"
-    bootstrap = Step(("launchctl", "bootstrap", domain, str(unit.path)), may_fail=True)  # fails if loaded
+    load = ("launchctl", "bootstrap", domain, str(unit.path))
+    bootstrap = Step(load, may_fail=True)  # fails if loaded
     bootout = Step(("launchctl", "bootout", target), may_fail=True)  # fails if not loaded
     steps = {
         # bootout first so a changed plist is the one loaded; RunAtLoad starts it.
         # launchd opens the log files but does not make their directory
-        "install": [Step(unit=unit), Step(mkdir=settings.log_dir), bootout, Step(("launchctl", "bootstrap", domain, str(unit.path)))],
+        "install": [Step(unit=unit), Step(mkdir=settings.log_dir), bootout, Step(load)],
         "uninstall": [bootout, Step(remove=unit.path)],
         "start": [bootstrap, Step(("launchctl", "kickstart", target))],
         "stop": [bootout],

@@ -35,15 +35,18 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         messages, tools = fallback_messages(messages, tools), None
     else:
         messages = template_messages(messages, dialect)
+    later = _later_system_texts(messages)
     try:
         text = _apply(tokenizer, messages, tools, continue_final)
-        if _later_system_texts(messages) and not _all_rendered(_later_system_texts(messages), text):
-            raise ValueError("the template dropped a system message after the first")
     except Exception as exc:  # jinja errors: a template rejecting these messages
-        if not _later_system_texts(messages):
+        if not later:
             raise RequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
+        text, refusal = "", str(exc)  # rendered again below, hoisted
+    else:
+        refusal = "it dropped one" if later and not all(t.strip() in text for t in later) else None
+    if refusal is not None:
         logger.info("chat template does not take system messages after the first (%s): moving them to the start",
-                    exc)
+                    refusal)
         try:
             text = _apply(tokenizer, hoist_system(messages), tools, continue_final)
         except Exception as again:
@@ -59,10 +62,6 @@ def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str,
 
 def _later_system_texts(messages: list[dict[str, Any]]) -> list[str]:
     return [m["content"] for m in messages[1:] if m.get("role") == "system" and isinstance(m.get("content"), str)]
-
-
-def _all_rendered(texts: list[str], rendered: str) -> bool:
-    return all(t.strip() in rendered for t in texts)
 
 
 def hoist_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
