@@ -196,7 +196,7 @@ def run_supervised_kvstore(address: str, identity: str, parent_pid: int | None =
 
 
 def _start_process() -> _Flags:
-    log_format.configure_logging(log_format.child_log_level(), "kvstore")
+    log_format.configure_child_logging("kvstore")
     os.umask(0o077)  # the segments hold users' prompts
     flags = _Flags()
     # Background work: writes are write-behind and reads are rare, so on a machine with

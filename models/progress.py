@@ -15,6 +15,7 @@ BAR_WIDTH = 30
 # stage -> (what the line calls it, what it counts); others show their name, bare numbers.
 STAGES = {
     "download": ("download", "wheels"),
+    "fetch": ("download", "MB"),  # a pull from a hub repo or a URL, in bytes
     "assemble": ("concatenate+sha256", "MB"),
     "convert": ("convert", "tensors"),
 }

@@ -223,6 +223,29 @@ class TokenCount(Message):
 
 
 @dataclass
+class ClearCache(Message):
+    """Router -> worker: drop the hot tier (`mlxd cache clear`), between two engine steps.
+    Running requests keep their own working caches and finish unchanged. A request too,
+    like CountTokens: its one answer (a CacheCleared) ends its stream."""
+
+    type: ClassVar[str] = "clear_cache"
+    request_id: str
+
+
+@dataclass
+class CacheCleared(Message):
+    """Worker -> router: what a ClearCache removed; the last event for its id."""
+
+    type: ClassVar[str] = "cache_cleared"
+    request_id: str
+    num_blocks: int  # hot-tier entries (whole blocks and tails)
+    num_bytes: int
+    # blocks captured before the clear and still waiting for the SSD: dropped, so that
+    # they do not reach the kvstore after the router clears it
+    num_dropped_writes: int = 0
+
+
+@dataclass
 class AbortRequest(Message):
     """Router -> worker: the client went away; free the slot now."""
 

@@ -1,5 +1,5 @@
-"""Routes for operators and their scripts: the JSON status, and load / unload / pin /
-unpin / restart of one model. The status schema is documented in the README and
+"""Routes for operators and their scripts: the JSON status, load / unload / pin / unpin /
+restart of one model, and reloading the configuration. The status schema is documented in the README and
 checked by a test; keep the three in step."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import psutil
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.errors import RequestError
 from router.pool import WorkerPool
+from router.reload import Reloader, ReloadRefused
 
 
 def _pool(request: Request) -> WorkerPool:
@@ -104,6 +106,9 @@ async def status(request: Request) -> Response:
             "used_bytes": pool.used_bytes(),
             "workers": {m["id"]: m["rss_bytes"] for m in models if m["pid"] is not None},
         },
+        "starting": request.app.state.startup.starting,
+        "config_file": str(pool.config.config) if pool.config.config is not None else None,
+        "keys": request.app.state.keys.status(),
         "models": models,
         "kvstore": await _kvstore_status(pool),
         "requests": [
@@ -168,3 +173,17 @@ async def restart_worker(request: Request) -> Response:
         "state": supervisor.state,
         "restart_s": round(time.monotonic() - started, 3),
     })
+
+
+async def reload_config(request: Request) -> Response:
+    """POST /admin/reload: what SIGHUP does, answered with what changed. A wrong file is
+    a 400 with the reason, and the running configuration stays."""
+    reloader: Reloader | None = request.app.state.reloader
+    if reloader is None:
+        raise RequestError("this service was not started by `mlxd serve`; there is no configuration to reload",
+                           status=409, code="reload_unavailable")
+    try:
+        report = await reloader.reload()
+    except ReloadRefused as exc:
+        raise RequestError(f"configuration refused, the running one stays: {exc}", code="invalid_config") from None
+    return JSONResponse({"reloaded": True, **report.as_json()})

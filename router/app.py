@@ -10,27 +10,44 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from router import admin
+from router import admin, admin_cache
 from router.api import health, models, openai_chat, openai_completions, openai_responses
 from router.api import anthropic_count_tokens, anthropic_messages
+from router.api_keys import KeyState, key_ring
 from router.auth import APIKeyMiddleware
 from router.body_limit import BodyLimitMiddleware
 from router.drain_gate import DrainGateMiddleware, DrainState
+from router.reload import Reloader
 from router.request_id import RequestIdMiddleware
+from router.startup_gate import StartupGateMiddleware, StartupState
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
 from router.pool import WorkerPool
 from router.web_guard import web_middleware
 
 
-def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = None) -> Starlette:
-    """The HTTP app in front of `pool`. The lifespan starts the pool if the caller has
-    not (the CLI starts it first, to load the model before the port opens) and always
-    stops it on shutdown. `drain` turns new requests away while the server shuts down."""
+def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = None,
+             keys: KeyState | None = None, reloader: Reloader | None = None,
+             startup: StartupState | None = None) -> Starlette:
+    """The HTTP app in front of `pool`.
+
+    With `startup` the caller starts the pool while the port is already open (the CLI:
+    `/health` says `starting`, requests wait) and finishes `startup`; without it the
+    lifespan starts the pool. The lifespan always stops it. `drain` turns new requests
+    away while the server shuts down; `keys` (default: read from `config` now) and the
+    app's `state.config` are what `reloader` swaps.
+    """
+    keys = keys if keys is not None else KeyState(key_ring(config))
+    drain = drain if drain is not None else DrainState()
+    managed = startup is None
+    if startup is None:
+        startup = StartupState()
+        startup.finish()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await pool.start()
+        if managed:
+            await pool.start()
         try:
             yield
         finally:
@@ -52,17 +69,25 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
         Route("/admin/models/{model_id:path}/pin", admin.pin_model, methods=["POST"]),
         Route("/admin/models/{model_id:path}/unpin", admin.unpin_model, methods=["POST"]),
         Route("/admin/workers/{model_id:path}/restart", admin.restart_worker, methods=["POST"]),
+        Route("/admin/cache", admin_cache.cache_stats, methods=["GET"]),
+        Route("/admin/cache/clear", admin_cache.clear_cache, methods=["POST"]),
+        Route("/admin/reload", admin.reload_config, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes,
         # outermost first: what a web page may send is settled before the body is read or the key checked
-        middleware=[Middleware(RequestIdMiddleware), *web_middleware(config),
-                    Middleware(DrainGateMiddleware, state=drain if drain is not None else DrainState()),
+        middleware=[Middleware(RequestIdMiddleware), *web_middleware(config, keys),
+                    Middleware(DrainGateMiddleware, state=drain),
+                    Middleware(StartupGateMiddleware, state=startup),
                     Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
-                    Middleware(APIKeyMiddleware, api_key=config.api_key)],
+                    Middleware(APIKeyMiddleware, keys=keys)],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
     app.state.config = config
     app.state.pool = pool
+    app.state.keys = keys
+    app.state.reloader = reloader
+    app.state.startup = startup
+    app.state.drain = drain
     return app

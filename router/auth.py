@@ -3,17 +3,20 @@ which must work without the key."""
 
 from __future__ import annotations
 
-import hmac
+import logging
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.api import anthropic_errors
+from router.api_keys import KeyState
 from router.http_errors import error_response
 
 # Claude Code sends `HEAD /api/hello` with no key at start-up, as a connectivity check
 OPEN_PATHS = frozenset({"/health", "/api/hello"})
 ANTHROPIC_PATH = "/v1/messages"  # and everything under it: count_tokens
+
+logger = logging.getLogger(__name__)
 
 
 def is_anthropic(scope: Scope, headers: Headers) -> bool:
@@ -32,32 +35,56 @@ def supplied_key(headers: Headers) -> str | None:
     return headers.get("x-api-key")
 
 
+ADMIN_PREFIX = "/admin"
+
+
+def is_admin_path(path: str) -> bool:
+    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+
+
 class APIKeyMiddleware:
-    """Answers 401 in OpenAI's error shape unless the request carries the configured key.
+    """Answers 401 in the route's error shape unless the request carries a configured key,
+    and 403 on `/admin/*` for a key that may not administer. The key's name goes into the
+    request's scope state (`api_key_name`), for the request's log line.
 
     A pure ASGI middleware (not BaseHTTPMiddleware), so streamed responses and client
-    disconnects pass through untouched. With no key configured it is a no-op.
+    disconnects pass through untouched. With no key configured it is a no-op. It reads
+    `keys.ring` per request, so a reload's new keys apply to the next request.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyState) -> None:
         self.app = app
-        self.api_key = api_key
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.api_key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        ring = self.keys.ring
+        if not ring.required or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        key = supplied_key(headers)
-        if key is not None and hmac.compare_digest(key.encode(), self.api_key.encode()):
+        supplied = supplied_key(headers)
+        key = ring.match(supplied)
+        if key is not None and (not is_admin_path(scope["path"]) or ring.may_administer(key)):
+            self.keys.record(key)
+            scope.setdefault("state", {})["api_key_name"] = key.name
             await self.app(scope, receive, send)
             return
+        if key is not None:  # a valid key, but not the admin key
+            logger.info("refused %s %s to key %r: admin routes need the admin key",
+                        scope["method"], scope["path"], key.name)
+            message = f"the key {key.name!r} may not use {ADMIN_PREFIX}/*: send the admin key"
+            if is_anthropic(scope, headers):
+                response = anthropic_errors.error_response(403, "permission_error", message)
+            else:
+                response = error_response(403, message, "invalid_request_error", None, "insufficient_permissions")
+            await response(scope, receive, send)
+            return
         if is_anthropic(scope, headers):
-            message = ("missing API key: send 'x-api-key: KEY' or 'Authorization: Bearer KEY'" if key is None
+            message = ("missing API key: send 'x-api-key: KEY' or 'Authorization: Bearer KEY'" if supplied is None
                        else "invalid x-api-key")
             response = anthropic_errors.error_response(401, "authentication_error", message)
         else:
-            message = ("missing API key: send 'Authorization: Bearer KEY'" if key is None
+            message = ("missing API key: send 'Authorization: Bearer KEY'" if supplied is None
                        else "incorrect API key provided")
             response = error_response(401, message, "invalid_request_error", None, "invalid_api_key")
         response.headers["WWW-Authenticate"] = "Bearer"

@@ -1,7 +1,9 @@
 """One child process as the router sees it: its output, its exit, and how to end it.
 
-Output lines go to the router's log and a short tail kept for error messages; exit is
-an asyncio future set the instant the process ends (a waiter thread blocks in `wait()`).
+Its log lines pass through to the router's stderr as the child wrote them; anything else it
+prints (a traceback, a crash message) becomes a router log line; a short tail is kept for
+error messages. Exit is an asyncio future set the instant the process ends (a waiter thread
+blocks in `wait()`).
 """
 
 from __future__ import annotations
@@ -15,18 +17,23 @@ import subprocess
 import threading
 from collections.abc import Sequence
 
+from protocol.log_format import parse_line
+
 logger = logging.getLogger(__name__)
+# a child's own log lines, formatted and written to its file by the child: the router's
+# logging sends them to stderr as they are (router.log_files.configure_router_logging)
+output_logger = logging.getLogger(f"{__name__}.output")
 
 LOG_TAIL_LINES = 50
 _LEVELS = {name: getattr(logging, name) for name in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")}
 
 
 def line_level(line: str) -> int:
-    """The level a child logged `line` at (children log `date time LEVEL role ...`), so the
-    router's --log-level filters them like its own lines. Output that is not a log line (a
-    traceback, a crash message) counts as a warning: it is never routine."""
-    parts = line.split(" ", 3)
-    return _LEVELS.get(parts[2], logging.WARNING) if len(parts) > 3 else logging.WARNING
+    """The level a child logged `line` at (text or JSON), so the router's --log-level filters
+    them like its own lines. Output that is not a log line (a traceback, a crash message)
+    counts as a warning: it is never routine."""
+    head = parse_line(line)
+    return _LEVELS.get(head.level, logging.WARNING) if head is not None else logging.WARNING
 
 
 def describe_exit(returncode: int) -> str:
@@ -40,7 +47,9 @@ def describe_exit(returncode: int) -> str:
 
 
 class ChildProcess:
-    """A spawned child whose stdout+stderr are forwarded to the log, line by line.
+    """A spawned child whose stdout+stderr are forwarded, line by line: its log lines as
+    they are (it wrote them to its own file too), other output as router log lines, which
+    land in router.log, so a crash is on record even when the child could not log it.
 
     Must be created on the event loop that awaits `exited`. The child gets its own
     session, so a Ctrl-C in the terminal reaches only the router, which then shuts
@@ -72,7 +81,11 @@ class ChildProcess:
                 line = raw.decode(errors="replace").rstrip()
                 if line:
                     self.tail.append(line)
-                    logger.log(line_level(line), "%s| %s", self.label, line)
+                    head = parse_line(line)
+                    if head is not None:
+                        output_logger.log(_LEVELS.get(head.level, logging.WARNING), "%s", line)
+                    else:  # line_level's warning, but with the label: the line does not say who
+                        logger.warning("%s| %s", self.label, line)
 
     def _wait_exit(self, loop: asyncio.AbstractEventLoop) -> None:
         returncode = self.process.wait()

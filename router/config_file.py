@@ -1,4 +1,5 @@
-"""The TOML config file, and the layering defaults < config file < $MLXD_API_KEY < flags.
+"""The TOML config file, and the layering defaults < config file < $MLXD_API_KEY (and
+$MLXD_ADMIN_KEY) < flags.
 
 The file is `HOME/config.toml`, or the one `--config PATH` names. Its keys are the
 setting names (the flags without their dashes, in snake_case):
@@ -50,6 +51,9 @@ from router.config_values import (
 
 CONFIG_FILE_NAME = "config.toml"
 API_KEY_ENV = "MLXD_API_KEY"  # the API key from the environment keeps it out of `ps` output
+ADMIN_KEY_ENV = "MLXD_ADMIN_KEY"
+SECRET_ENV = {"api_key": API_KEY_ENV, "admin_key": ADMIN_KEY_ENV}
+SECRETS = ("api_key", "api_keys", "admin_key")  # never logged
 DEFAULT = "default"  # the source of a setting nobody set
 
 
@@ -153,8 +157,9 @@ def load_config(flags: Mapping[str, Any], environ: Mapping[str, str] | None = No
     if path is not None:
         for key, value in read_config_file(path, warnings).items():
             values[key], sources[key] = value, str(path)
-    if environ.get(API_KEY_ENV):
-        values["api_key"], sources["api_key"] = environ[API_KEY_ENV], f"${API_KEY_ENV}"
+    for key, variable in SECRET_ENV.items():
+        if environ.get(variable):
+            values[key], sources[key] = environ[variable], f"${variable}"
     for key, value in current_names(flags, None, warnings).items():
         if key != "config":
             values[key], sources[key] = value, flag_name(key)
@@ -189,9 +194,9 @@ def render_toml(loaded: LoadedConfig) -> str:
     """The effective configuration as a config file: every top-level setting with a comment
     naming its source, then one table per model and per profile.
 
-    Unset settings and the API key from $MLXD_API_KEY are printed as comments (TOML has no
-    null, and a secret kept out of the file should stay out of its copies), so reading the
-    output back gives the same configuration.
+    Unset settings and the keys from $MLXD_API_KEY / $MLXD_ADMIN_KEY are printed as comments
+    (TOML has no null, and a secret kept out of the file should stay out of its copies), so
+    reading the output back gives the same configuration.
     """
     config, sources = loaded.config, loaded.sources
     read = f"read from {config.config}" if config.config is not None else "no config file read"
@@ -202,7 +207,7 @@ def render_toml(loaded: LoadedConfig) -> str:
         value, source = setting_value(config, f.name), sources[f.name]
         if value is None:
             lines.append(f"# {f.name} is not set  # {source}")
-        elif source == f"${API_KEY_ENV}":
+        elif source.startswith("$"):
             lines.append(f"# {f.name} is set, not shown  # {source}")
         else:
             lines.append(f"{f.name} = {toml_value(value)}  # {source}")

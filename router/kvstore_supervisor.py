@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -26,6 +26,8 @@ from protocol.errors import ProtocolError
 from protocol.messages import (
     KVSTORE_ROLE,
     PROTOCOL_VERSION,
+    KVClear,
+    KVClearResult,
     KVStats,
     KVStatsResult,
     KVStoreConfig,
@@ -42,6 +44,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_KVSTORE_COMMAND = (sys.executable, "-m", "kvstore")
 _STARTUP_TIMEOUT_S = 60.0  # opening the store reads its index; a rebuild scans the segments
 _FLUSH_S = 10.0  # at least this long to write and sync what is pending before SIGKILL
+
+AnswerT = TypeVar("AnswerT", KVStatsResult, KVClearResult)
 
 
 class KVStoreStartupError(ChildStartupError):
@@ -89,24 +93,37 @@ class KVStoreSupervisor(ChildSupervisor):
 
     async def stats(self, timeout_s: float = 1.0) -> dict[str, Any] | None:
         """The kvstore's own counters, or None if it does not answer in time."""
+        async with self._query_lock:
+            answer = await self._ask(KVStats(next(self._ids)), KVStatsResult, timeout_s)
+        return answer.stats if answer is not None else None
+
+    async def clear(self, namespace: str | None, timeout_s: float = 30.0) -> int | None:
+        """Remove one namespace's blocks (a model's: workers store under their model id),
+        or every block (None); how many, or None if the kvstore is not ready or does not
+        answer in time. Outside the stats lock: a clear waits behind the writes queued
+        before it, and /admin/status must not wait with it."""
+        answer = await self._ask(KVClear(next(self._ids), namespace), KVClearResult, timeout_s)
+        return answer.num_removed if answer is not None else None
+
+    async def _ask(self, question: KVStats | KVClear, answer_type: type[AnswerT], timeout_s: float) -> AnswerT | None:
+        """Send `question` on a socket of its own and wait for its answer (matched by
+        request id), or None if the kvstore is not ready or silent for `timeout_s`."""
         if self.state != "ready":
             return None
-        async with self._query_lock:
-            sock = make_socket(self._context, zmq.DEALER, self.address, bind=False)
-            try:
-                request_id = next(self._ids)
-                await sock.send_multipart(encode(KVStats(request_id)))
-                deadline = time.monotonic() + timeout_s
-                while (left := deadline - time.monotonic()) > 0:
-                    if not await sock.poll(int(left * 1000) + 1):
-                        break
-                    with contextlib.suppress(ProtocolError):
-                        answer, _ = decode(await sock.recv_multipart())
-                        if isinstance(answer, KVStatsResult) and answer.request_id == request_id:
-                            return answer.stats
-                return None
-            finally:
-                sock.close(linger=0)
+        sock = make_socket(self._context, zmq.DEALER, self.address, bind=False)
+        try:
+            await sock.send_multipart(encode(question))
+            deadline = time.monotonic() + timeout_s
+            while (left := deadline - time.monotonic()) > 0:
+                if not await sock.poll(int(left * 1000) + 1):
+                    break
+                with contextlib.suppress(ProtocolError):
+                    answer, _ = decode(await sock.recv_multipart())
+                    if isinstance(answer, answer_type) and answer.request_id == question.request_id:
+                        return answer
+            return None
+        finally:
+            sock.close(linger=0)
 
     # ---------------------------------------------------------------- the lifecycle's hooks
 

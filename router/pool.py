@@ -72,6 +72,7 @@ class WorkerPool:
         self.budget_bytes = config.effective_memory_budget_bytes
         self._load_lock = asyncio.Lock()
         self._ttl_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()  # background loads after a reload
         self._started = False
 
     # ------------------------------------------------------------ lifecycle
@@ -88,11 +89,7 @@ class WorkerPool:
             if self.config.cold_tier and self.config.worker.prefix_cache:
                 self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir, self.client)
                 await self.kvstore.start()
-            unknown = sorted(self.pinned - set(self.registry) - set(self.aliases))
-            if unknown:
-                raise RequestError(f"pinned model(s) not found: {', '.join(unknown)} "
-                                   f"(looked in {self.config.models_dir})", status=404)
-            self._check_alias_targets()
+            self.check_config(self.config)
             for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
                 await self.load(self.aliases.get(model_id, model_id))
         except BaseException:
@@ -165,25 +162,73 @@ class WorkerPool:
         raise RequestError(f"The model '{name}' does not exist. Available models: {available}",
                            status=404, param="model", code="model_not_found")
 
-    def _resolve_exact(self, name: str) -> tuple[str, Profile | None] | None:
-        profiles = self.config.profiles
+    def _resolve_exact(self, name: str, profiles: Mapping[str, Profile] | None = None,
+                       aliases: Mapping[str, str] | None = None) -> tuple[str, Profile | None] | None:
+        """`name` as a profile, alias or model id, under the running configuration or (for
+        `check_config`) the given one."""
+        profiles = self.config.profiles if profiles is None else profiles
+        aliases = self.aliases if aliases is None else aliases
         if name in profiles:
             model_part = split_model_name(name)[0]
-            model_id = self.aliases.get(model_part, model_part)
+            model_id = aliases.get(model_part, model_part)
             if model_id in self.registry:
                 return model_id, profiles[name]
-        model_id = self.aliases.get(name, name)
+        model_id = aliases.get(name, name)
         if model_id in self.registry:
             return model_id, None
         return None
 
-    def _check_alias_targets(self) -> None:
-        """A `model_aliases` target naming no model is a typo in the config: it would turn
-        every name it catches into a 404, so it stops the start instead."""
-        for pattern, target in self.config.model_aliases.items():
-            if target != DEFAULT_TARGET and self._resolve_exact(target) is None:
+    def check_config(self, config: RouterConfig) -> None:
+        """Raise RequestError if `config` pins a model there is none of, or maps a
+        `model_aliases` pattern to no model: a typo that would turn every name it catches
+        into a 404 stops the start (or a reload) instead."""
+        aliases = dict(config.alias_targets)
+        unknown = sorted(set(config.pinned) - set(self.registry) - set(aliases))
+        if unknown:
+            raise RequestError(f"pinned model(s) not found: {', '.join(unknown)} "
+                               f"(looked in {config.models_dir})", status=404)
+        for pattern, target in config.model_aliases.items():
+            if target == DEFAULT_TARGET:
+                continue
+            if self._resolve_exact(target, config.profiles, aliases) is None:
                 raise RequestError(f"model_aliases: {pattern!r} maps to {target!r}, which is no model "
-                                   f"(looked in {self.config.models_dir})", status=404)
+                                   f"(looked in {config.models_dir})", status=404)
+
+    def apply_config(self, config: RouterConfig) -> list[str]:
+        """Run with `config` from now on (a reload; `check_config` passed). Pins set at run
+        time through /admin stay; a model newly pinned starts loading, and a lowered budget
+        evicts idle models. Returns the models now loading."""
+        old, self.config = self.config, config
+        self.pinned = (self.pinned - set(old.pinned)) | set(config.pinned)
+        self.aliases = dict(config.alias_targets)
+        self.budget_bytes = config.effective_memory_budget_bytes
+        for supervisor in self.supervisors.values():
+            supervisor.config = config
+        if self.kvstore is not None:
+            self.kvstore.config = config
+        loading = [model_id for model_id in sorted({self.aliases.get(m, m) for m in self.pinned})
+                   if model_id not in self.supervisors and model_id in self.registry]
+        for model_id in loading:
+            self._background(self.load(model_id), f"loading pinned {model_id}")
+        if self.used_bytes() > self.budget_bytes:
+            self._background(self._fit_budget(), "fitting the lowered memory budget")
+        return loading
+
+    async def _fit_budget(self) -> None:
+        async with self._load_lock:
+            await self._make_room("", 0)
+
+    def _background(self, work: Any, what: str) -> None:
+        """Run `work` without a waiter; a failure is logged, never lost."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("%s failed: %s", what, task.exception())
+
+        task.add_done_callback(done)
 
     def get(self, model_id: str) -> WorkerSupervisor:
         """The loaded supervisor of `model_id`: 404 if unknown, 503 if not loaded."""

@@ -63,7 +63,7 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     stream = supervisor.open_request(parsed.add)
     stream.model = model_id
     stream.user_agent = request.headers.get("user-agent", "")
-    stream.on_finish = _on_finish(pool, model_id, parsed)
+    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None))
     try:
         return await dialect.respond(request, parsed, stream)
     except BaseException:
@@ -71,12 +71,16 @@ async def handle(request: Request, dialect: Dialect) -> Response:
         raise
 
 
-def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest) -> Callable[[FinishEvent], None]:
+def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest,
+               key_name: str | None) -> Callable[[FinishEvent], None]:
+    by = f" (key {key_name})" if key_name is not None else ""  # the key's name, never the key
+
     def finished(event: FinishEvent) -> None:
         pool.record_finish(model_id, event)
         u, t = event.usage, event.timings
-        logger.info("%s %s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
-                    parsed.model, parsed.add.request_id, event.finish_reason, u.prompt_tokens,
-                    u.completion_tokens, u.cached_tokens, t.ttft_s, t.decode_tokens_per_s)
+        logger.info("%s %s%s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
+                    parsed.model, parsed.add.request_id, by, event.finish_reason, u.prompt_tokens,
+                    u.completion_tokens, u.cached_tokens, t.ttft_s, t.decode_tokens_per_s,
+                    extra={"request_id": parsed.add.request_id})  # a field of its own in --log-format json
 
     return finished

@@ -8,10 +8,13 @@ import socket
 
 import uvicorn
 
+from router.api_keys import KeyState
 from router.app import make_app
 from router.drain_gate import DrainState
 from router.config import RouterConfig
 from router.pool import WorkerPool
+from router.reload import Reloader
+from router.startup_gate import StartupState
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +49,13 @@ class RouterServer(uvicorn.Server):
             await super().shutdown(sockets)
 
 
-def make_server(config: RouterConfig, pool: WorkerPool) -> RouterServer:
-    """The HTTP server for `pool`; call `serve(sockets=[...])` on it."""
+def make_server(config: RouterConfig, pool: WorkerPool, keys: KeyState | None = None,
+                reloader: Reloader | None = None, startup: StartupState | None = None) -> RouterServer:
+    """The HTTP server for `pool`; call `serve(sockets=[...])` on it. See `make_app` for
+    `keys`, `reloader` and `startup`."""
     drain = DrainState()
     return RouterServer(uvicorn.Config(
-        make_app(config, pool, drain),
+        make_app(config, pool, drain, keys, reloader, startup),
         host=config.host,
         port=config.port,
         log_config=None,  # the process's logging config covers uvicorn's loggers too

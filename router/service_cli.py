@@ -1,4 +1,4 @@
-"""`mlxd service install|uninstall|start|stop|restart|status|logs`: mlxd under launchd
+"""`mlxd service install|uninstall|start|stop|restart|reload|status|logs`: mlxd under launchd
 (a user agent in gui/$UID) on macOS and a systemd user service on Linux.
 
 Each action is a plan of steps (write or remove the unit file, run a manager command),
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from router.service_units import LAUNCHD_LABEL, SYSTEMD_UNIT, ServiceSettings, UnitFile, launchd_plist, systemd_unit
 
-ACTIONS = ("install", "uninstall", "start", "stop", "restart", "status", "logs")
+ACTIONS = ("install", "uninstall", "start", "stop", "restart", "reload", "status", "logs")
 PLATFORMS = {"darwin": "macos", "linux": "linux"}
 # `systemctl --user` fails this way where no user manager runs (containers, ssh without a session)
 SYSTEMD_HINT = ("; if it said it cannot connect to the bus, no systemd user manager runs for this user: "
@@ -63,9 +63,9 @@ def _launchd_plan(action: str, settings: ServiceSettings, user_home: Path, uid: 
         "start": [bootstrap, Step(("launchctl", "kickstart", target))],
         "stop": [bootout],
         "restart": [bootstrap, Step(("launchctl", "kickstart", "-k", target))],
+        "reload": [Step(("launchctl", "kill", "SIGHUP", target))],  # re-reads config and keys
         "status": [Step(("launchctl", "print", target))],
-        "logs": [Step(("tail", "-n", str(lines), *(["-F"] if follow else []),
-                       str(settings.log_dir / "service.err.log")))],
+        "logs": [_logs(settings, follow, lines)],
     }
     return steps[action]
 
@@ -85,11 +85,20 @@ def _systemd_plan(action: str, settings: ServiceSettings, user_home: Path, follo
         "start": [ctl("start", SYSTEMD_UNIT)],
         "stop": [ctl("stop", SYSTEMD_UNIT)],
         "restart": [ctl("restart", SYSTEMD_UNIT)],
+        "reload": [ctl("reload", SYSTEMD_UNIT)],  # ExecReload: SIGHUP, re-reads config and keys
         "status": [ctl("status", "--no-pager", SYSTEMD_UNIT)],
-        "logs": [Step(("journalctl", "--user", "-u", SYSTEMD_UNIT, "-n", str(lines), "--no-pager",
-                       *(["-f"] if follow else [])))],
+        "logs": [_logs(settings, follow, lines)],
     }
     return steps[action]
+
+
+def _logs(settings: ServiceSettings, follow: bool, lines: int) -> Step:
+    """`mlxd logs` on the service's home: the files each process writes, read the same way
+    on both platforms. What the manager caught itself (output before logging began, such as
+    a bad config file) stays in `journalctl --user -u mlxd.service` or HOME/logs/service.err.log."""
+    config = ("--config", str(settings.config)) if settings.config is not None else ()
+    return Step((str(settings.executable), "logs", "--home", str(settings.home), *config, "-n", str(lines),
+                 *(("-f",) if follow else ())))
 
 
 def describe(step: Step) -> str:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
+from protocol.log_format import STDERR_LEVEL_ENV
+
 DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy"
 LAUNCHD_LABEL = "local.mlxd"
 SYSTEMD_UNIT = "mlxd.service"
@@ -70,8 +72,10 @@ def _template(name: str) -> string.Template:
 def launchd_plist(settings: ServiceSettings, user_home: Path) -> UnitFile:
     """The agent plist, for ~/Library/LaunchAgents."""
     arguments = "\n".join(f"    <string>{escape(a)}</string>" for a in settings.serve_arguments())
+    # launchd never rotates service.err.log: past start-up only warnings go there
+    variables = {**settings.environment(), STDERR_LEVEL_ENV: "warning"}
     environment = "\n".join(f"    <key>{escape(k)}</key>\n    <string>{escape(v)}</string>"
-                            for k, v in settings.environment().items())
+                            for k, v in variables.items())
     text = _template("local.mlxd.plist.in").substitute(
         label=LAUNCHD_LABEL, program_arguments=arguments, throttle_s=THROTTLE_S,
         stop_timeout_s=settings.stop_timeout_s, environment=environment,

@@ -13,23 +13,26 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from router.api_keys import client_key
 from router.config import RouterConfig
+from router.service_file import find_service, local_url
 
 TIMEOUT_S = 10.0
 
 
 def service_url(config: RouterConfig) -> str:
-    host = config.host
-    if host in ("0.0.0.0", "::", ""):  # listening everywhere: ask on loopback
-        host = "127.0.0.1"
-    return f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
+    """Where the service serving `config.home` listens, as its home names it (it may run
+    on another port than this shell's configuration says); else the configured address."""
+    running = find_service(config.home)
+    return running.url if running is not None else local_url(config.host, config.port)
 
 
 def fetch_status(config: RouterConfig) -> dict[str, Any]:
     """GET /admin/status; raises OSError (nothing listening) or urllib's HTTPError."""
     request = urllib.request.Request(f"{service_url(config)}/admin/status")
-    if config.api_key:
-        request.add_header("Authorization", f"Bearer {config.api_key}")
+    key = client_key(config)
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
     with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
         return json.loads(response.read())
 
@@ -73,7 +76,8 @@ def table(rows: list[list[str]]) -> list[str]:
 def format_status(status: dict[str, Any], url: str) -> str:
     """The status object (README "Admin status") as the lines a person reads."""
     memory = status.get("memory") or {}
-    lines = [f"mlxd {status.get('version', '?')} at {url}, up {duration(status.get('uptime_s'))}",
+    starting = " (starting: loading its models)" if status.get("starting") else ""
+    lines = [f"mlxd {status.get('version', '?')} at {url}, up {duration(status.get('uptime_s'))}{starting}",
              f"memory: {size(memory.get('used_bytes'))} used by models of a {size(memory.get('budget_bytes'))} "
              f"budget; machine {size(memory.get('available_bytes'))} free of {size(memory.get('total_bytes'))}",
              ""]
@@ -99,6 +103,10 @@ def format_status(status: dict[str, Any], url: str) -> str:
                      f"{size(kvstore.get('max_bytes'))}, {kvstore.get('blocks', 0)} blocks, hit "
                      f"{percent(kvstore.get('hit_rate'))}, write queue {kvstore.get('write_queue_depth', 0)}, "
                      f"dropped writes {kvstore.get('dropped_writes', 0)}")
+    keys = status.get("keys") or []
+    if keys:
+        lines.append("keys: " + ", ".join(f"{k.get('name')}{' (admin)' if k.get('admin') else ''}: "
+                                          f"{k.get('requests', 0)} requests" for k in keys))
     requests = status.get("requests") or []
     lines.append("")
     if not requests:
@@ -117,7 +125,7 @@ def status_command(config: RouterConfig, as_json: bool) -> int:
         status = fetch_status(config)
     except urllib.error.HTTPError as exc:
         print(f"mlxd status: {url}/admin/status answered {exc.code} "
-              f"({'set the API key: --api-key or $MLXD_API_KEY' if exc.code in (401, 403) else exc.reason})",
+              f"({'set the admin key (--admin-key or $MLXD_ADMIN_KEY) or the API key (--api-key or $MLXD_API_KEY)' if exc.code in (401, 403) else exc.reason})",
               file=sys.stderr)
         return 1
     except (OSError, ValueError) as exc:

@@ -17,8 +17,6 @@ from protocol.errors import WorkerDead
 from protocol.messages import (
     PROTOCOL_VERSION,
     WORKER_ROLE,
-    AddRequest,
-    CountTokens,
     Message,
     Pong,
     Ready,
@@ -26,7 +24,7 @@ from protocol.messages import (
 )
 from router.child_supervisor import ChildStartupError, ChildSupervisor
 from router.config import RouterConfig
-from router.worker_client import RequestStream, WorkerClient
+from router.worker_client import RequestStream, StreamRequest, WorkerClient
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +60,7 @@ class WorkerSupervisor(ChildSupervisor):
 
     # ---------------------------------------------------------------- public
 
-    def open_request(self, add: AddRequest | CountTokens) -> RequestStream:
+    def open_request(self, add: StreamRequest) -> RequestStream:
         """Send `add` to the worker; raises `WorkerDead` (a 503) unless it is ready."""
         if self.state != "ready" or self.identity is None:
             raise WorkerDead(self.unavailable_reason())

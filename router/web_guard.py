@@ -7,7 +7,6 @@ are refused, so a keyless service on loopback is not an open door to every site 
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import logging
 from typing import Any
@@ -18,6 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from router.api_keys import KeyRing, KeyState
 from router.auth import supplied_key
 from router.config import RouterConfig
 from router.http_errors import error_response
@@ -87,9 +87,9 @@ class WebGuard:
     A pure ASGI middleware: accepted requests, streams and disconnects pass untouched.
     """
 
-    def __init__(self, app: ASGIApp, config: RouterConfig) -> None:
+    def __init__(self, app: ASGIApp, config: RouterConfig, keys: KeyState) -> None:
         self.app = app
-        self.keyless = config.api_key is None
+        self.keys = keys  # read per request: a reload may add or drop keys
         self.port = config.port
         hosts = {name.lower().strip("[]") for name in (config.host, *config.allowed_hosts)}
         self.any_host = ANY in hosts
@@ -118,7 +118,8 @@ class WebGuard:
     def refusal(self, method: str, headers: Headers) -> JSONResponse | None:
         """The error answering this request, or None to let it through."""
         host = headers.get("host")
-        if self.keyless and host is not None and not self.is_allowed_host(host):
+        keyless = not self.keys.ring.required
+        if keyless and host is not None and not self.is_allowed_host(host):
             return error_response(
                 403, f"Host {host!r} is not allowed without an API key (this guards against DNS rebinding); "
                 "add its name to allowed_hosts (--allowed-hosts) or set api_key",
@@ -129,7 +130,7 @@ class WebGuard:
                 403, f"Origin {origin!r} is not allowed: web pages may call mlxd only from an origin "
                 "listed in cors_origins (--cors-origins)", "permission_error", None, "origin_not_allowed")
         content_type = headers.get("content-type")
-        if self.keyless and method == "POST" and has_body(headers) and not is_json(content_type):
+        if keyless and method == "POST" and has_body(headers) and not is_json(content_type):
             return error_response(
                 415, f"send Content-Type: application/json (got {content_type!r})",
                 "invalid_request_error", None, "unsupported_media_type")
@@ -157,14 +158,14 @@ class WebGuard:
         return self.any_origin or origin.lower() in self.cors_origins
 
 
-def web_middleware(config: RouterConfig) -> list[Middleware]:
+def web_middleware(config: RouterConfig, keys: KeyState) -> list[Middleware]:
     """The guard, then (if origins are listed) Starlette's CORS answers for them, both
     outside the API-key check so that a preflight, which never carries the key, is answered.
 
     Any request header a listed origin asks for is allowed: the origin is the trust
     decision, and SDKs add headers of their own (x-stainless-*, anthropic-*) over time.
     """
-    stack = [Middleware(WebGuard, config=config)]
+    stack = [Middleware(WebGuard, config=config, keys=keys)]
     if config.cors_origins:
         stack.append(Middleware(
             CORSMiddleware,
@@ -177,12 +178,9 @@ def web_middleware(config: RouterConfig) -> list[Middleware]:
     return stack
 
 
-def holds_key(headers: Headers, api_key: str | None) -> bool:
-    """True if the caller may see everything: no key is configured, or it sent the key."""
-    if api_key is None:
-        return True
-    key = supplied_key(headers)
-    return key is not None and hmac.compare_digest(key.encode(), api_key.encode())
+def holds_key(headers: Headers, ring: KeyRing) -> bool:
+    """True if the caller may see everything: no key is configured, or it sent one."""
+    return not ring.required or ring.match(supplied_key(headers)) is not None
 
 
 def states_only(health: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from protocol.errors import ProtocolError, RequestError, WorkerDead
 from protocol.messages import (
     AbortRequest,
     AddRequest,
+    CacheCleared,
+    ClearCache,
     CountTokens,
     ErrorEvent,
     EventBatch,
@@ -41,8 +43,9 @@ from protocol.sockets import make_socket
 
 logger = logging.getLogger(__name__)
 
-REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent, TokenCount)
-TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount)
+REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent, TokenCount, CacheCleared)
+TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount, CacheCleared)
+StreamRequest = AddRequest | CountTokens | ClearCache  # what opens a RequestStream
 
 PeerHandler = Callable[[Message], None]
 
@@ -200,10 +203,10 @@ class WorkerClient:
 
     # ---------------------------------------------------------------- requests
 
-    def open_request(self, identity: bytes, add: AddRequest | CountTokens) -> RequestStream:
+    def open_request(self, identity: bytes, add: StreamRequest) -> RequestStream:
         """Register a stream for `add.request_id`, then send the request to the worker. A
-        CountTokens is a request too: its one answer (a TokenCount) ends its stream, and a
-        worker's death fails it like any other."""
+        CountTokens or ClearCache is a request too: its one answer (a TokenCount, a
+        CacheCleared) ends its stream, and a worker's death fails it like any other."""
         if add.request_id in self._requests:
             raise ValueError(f"duplicate request id {add.request_id}")
         try:
@@ -290,5 +293,5 @@ class WorkerClient:
                 self._undelivered(message, f"the request could not be sent to the worker ({exc!r})")
 
     def _undelivered(self, message: Message, reason: str) -> None:
-        if isinstance(message, (AddRequest, CountTokens)) and message.request_id in self._requests:
+        if isinstance(message, (AddRequest, CountTokens, ClearCache)) and message.request_id in self._requests:
             self._requests[message.request_id].fail(WorkerDead(reason))

@@ -263,5 +263,22 @@ class ColdTier:
         self._writer.join(timeout=timeout_s)
         self._socket.close(linger=0)
 
+    def drop_queued(self) -> int:
+        """Drop the blocks handed over but not yet sent (a cache clear); returns how many.
+        A block the writer is sending right now still goes out. Called on the engine's
+        thread, the only one that queues, so what is kept goes back in its order."""
+        kept: list[_Flush | None] = []
+        num_dropped = 0
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._queue.get_nowait()
+                if isinstance(item, tuple):
+                    num_dropped += 1
+                else:
+                    kept.append(item)
+        for item in kept:
+            self._queue.put_nowait(item)
+        return num_dropped
+
     def queue_depth(self) -> int:
         return self._queue.qsize()

@@ -73,3 +73,12 @@ class HotTier:
         self.used_bytes += nbytes
         self.stats.inserts += 1
         return True
+
+    def clear(self) -> tuple[int, int]:
+        """Drop every block; returns (blocks, bytes) dropped. Payloads a running request
+        took its working cache from stay alive as long as it holds them, so nothing is
+        freed under it. The hit and miss counters go on counting."""
+        num_blocks, num_bytes = len(self._entries), self.used_bytes
+        self._entries.clear()
+        self.used_bytes = 0
+        return num_blocks, num_bytes

@@ -23,6 +23,8 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     AbortRequest,
     AddRequest,
+    CacheCleared,
+    ClearCache,
     CountTokens,
     EventBatch,
     Hello,
@@ -135,7 +137,7 @@ def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
 
 def run_worker(address: str, identity: str, blas: str) -> int:
     """Entry point of `python -m worker`; returns the process exit code."""
-    log_format.configure_logging(log_format.child_log_level(), f"worker[{identity}]")
+    log_format.configure_child_logging(f"worker[{identity}]")
     os.umask(0o077)  # whatever it writes may quote prompts: private, like the router's files
     parent_pid = os.getppid()
     flags = _Flags()
@@ -302,6 +304,8 @@ def _handle(message: Message, channel: _Channel, engine: Engine, preparer: Promp
     elif isinstance(message, AbortRequest):
         if not preparer.cancel(message.request_id):
             engine.abort(message.request_id)
+    elif isinstance(message, ClearCache):  # between steps: no sequence is mid-forward
+        channel.send(CacheCleared(message.request_id, *engine.prefix_cache.clear()))
     elif isinstance(message, Ping):
         channel.send(Pong(message.nonce, message.sent_at, engine.num_active, preparer.num_pending, engine.stats()))
     elif isinstance(message, Shutdown):

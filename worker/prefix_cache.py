@@ -243,6 +243,22 @@ class PrefixCache:
             entries.append((tail, key))
             del entries[:-_TAILS_PER_PARENT]
 
+    def clear(self) -> tuple[int, int, int]:
+        """Drop the hot tier and its tails, and the blocks still waiting to be written to
+        SSD (`mlxd cache clear`: the router clears the kvstore next, and these must not
+        land after it). Returns (blocks, bytes, dropped writes).
+
+        Safe between engine steps with requests running: each holds its own working cache
+        and its plan's keys, so it finishes with the same tokens; blocks it completes
+        after the clear are stored as usual (a later prompt reaches them only from the
+        first block, so until that is cached again they are unused and age out)."""
+        num_blocks, num_bytes = self.hot.clear()
+        self._tails.clear()
+        num_dropped = self.cold.drop_queued() if self.cold is not None else 0
+        log.info("hot tier cleared: %d blocks, %.1f MB; %d pending SSD writes dropped",
+                 num_blocks, num_bytes / 1e6, num_dropped)
+        return num_blocks, num_bytes, num_dropped
+
     def stats(self) -> dict[str, int | float]:
         """The hot tier's and the cold tier's counters, sent with every pong."""
         s = self.hot.stats

@@ -11,15 +11,23 @@ from router.web_guard import holds_key, states_only
 
 
 async def health(request: Request) -> Response:
-    """200 when every worker is ready, else 503 with the same body (status "degraded").
+    """200 when every worker is ready, else 503 with the same body (status "degraded";
+    "starting" until the start has loaded the pinned and command-line models; "draining"
+    once SIGTERM came).
 
     Open to probes without the API key, but then only states: pids, paths and error text
     tell an outsider about the machine and are for whoever holds the key."""
     pool: WorkerPool = request.app.state.pool
     body = pool.health()
-    if not holds_key(request.headers, request.app.state.config.api_key):
+    starting = request.app.state.startup.starting
+    draining = request.app.state.drain.draining
+    if starting:  # the port is open while the pinned and command-line models load
+        body["status"] = "starting"
+    elif draining:  # a load balancer sends no new requests here; running ones finish
+        body["status"] = "draining"
+    if not holds_key(request.headers, request.app.state.keys.ring):
         body = states_only(body)
-    return JSONResponse(body, status_code=200 if pool.is_healthy() else 503)
+    return JSONResponse(body, status_code=200 if pool.is_healthy() and not (starting or draining) else 503)
 
 
 async def hello(request: Request) -> Response:

@@ -63,7 +63,8 @@ class Service:
             try:
                 health = httpx.get(f"{self.base_url}/health", timeout=2).json()
                 workers = health.get("workers", {})
-                if workers and all(w.get("state") == "ready" for w in workers.values()):
+                if (health.get("status") != "starting" and workers
+                        and all(w.get("state") == "ready" for w in workers.values())):
                     return
             except (httpx.HTTPError, ValueError):
                 pass

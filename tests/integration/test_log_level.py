@@ -25,7 +25,14 @@ def child_lines(level: str, default_model_dir: Path, home: Path) -> list[str]:
         assert reply.status_code == 200
     finally:
         svc.stop()
-    return [line.split("| ", 1)[1] for line in svc.log_text().splitlines() if "| " in line]
+    return [line for line in svc.log_text().splitlines() if is_child_line(line)]
+
+
+def is_child_line(line: str) -> bool:
+    """A child's log line, which reaches the router's stderr as the child wrote it:
+    `date time LEVEL role logger: message`, the role `worker[...]` or `kvstore`."""
+    parts = line.split(" ", 4)
+    return len(parts) == 5 and (parts[3] == "kvstore" or parts[3].startswith("worker["))
 
 
 def test_debug_reaches_the_worker(default_model_dir: Path, tmp_path: Path) -> None:
@@ -41,6 +48,7 @@ def test_warning_hides_the_childrens_info_lines(default_model_dir: Path, tmp_pat
 @pytest.mark.parametrize("line, level", [
     ("2026-11-30 21:33:21,123 INFO worker[m#1] worker.engine: request done", 20),
     ("2026-11-30 21:33:21,123 ERROR kvstore kvstore.main: writer thread died", 40),
+    ('{"ts": "2026-11-30T21:33:21.123+01:00", "level": "DEBUG", "role": "kvstore", "logger": "k", "msg": "m"}', 10),
     ("Traceback (most recent call last):", 30),
     ('  File "x.py", line 3, in f', 30),
 ])

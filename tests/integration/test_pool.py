@@ -174,8 +174,9 @@ def check_status_schema(body: dict) -> None:
     """The documented schema (README "Admin status"), with plausible numbers."""
     import psutil
 
-    assert set(body) == {"version", "uptime_s", "memory", "models", "kvstore", "requests"}
-    assert body["uptime_s"] > 0
+    assert set(body) == {"version", "uptime_s", "starting", "config_file", "keys", "memory", "models", "kvstore",
+                         "requests"}
+    assert body["uptime_s"] > 0 and body["starting"] is False and body["keys"] == []
     memory = body["memory"]
     assert set(memory) >= {"total_bytes", "available_bytes", "budget_bytes", "used_bytes", "workers"}
     assert memory["total_bytes"] == psutil.virtual_memory().total

@@ -21,6 +21,7 @@ import openai
 import psutil
 import pytest
 
+from router.service_file import find_service, read_service_file
 from tests.integration.service import REPO, Service, free_port
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,12 +32,17 @@ MESSAGES = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "
 
 
 def ask(svc: Service) -> str:
+    return ask_with_usage(svc)[0]
+
+
+def ask_with_usage(svc: Service) -> tuple[str, int]:
+    """The greedy answer and how many of its prompt tokens came from the cache."""
     client = openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key="x", max_retries=0)
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0, max_tokens=12)
     content = reply.choices[0].message.content
-    assert content
-    return content
+    assert content and reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    return content, reply.usage.prompt_tokens_details.cached_tokens or 0
 
 
 def _gone(pid: int) -> bool:
@@ -136,12 +142,18 @@ def test_a_sigkilled_router_leaves_nothing_that_stops_the_next(first: Service, a
             if not _gone(pid):
                 psutil.Process(pid).kill()
     assert runtime_dir.is_dir()  # nobody removed it yet: the next router must
+    left = read_service_file(home)
+    assert left is not None and left.pid == first.proc.pid and find_service(home) is None  # names the dead
 
     after = Service(["--model", str(default_model_dir)], home=home)
     try:
         after.wait_ready()
         assert not runtime_dir.exists()
-        assert ask(after) == answer
+        running = find_service(home)
+        assert running is not None and running.url == after.base_url
+        text, cached = ask_with_usage(after)
+        assert text == answer
+        assert cached >= 256, "the first request after the kill must hit the SSD blocks written before it"
     finally:
         after.stop()
     log = after.log_text()

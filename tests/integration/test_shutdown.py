@@ -61,7 +61,9 @@ def test_sigterm_drains_running_streams_turns_new_requests_away_and_exits_clean(
         late_anthropic = httpx.post(f"{service.base_url}/v1/messages", timeout=30,
                                     headers={"anthropic-version": "2023-06-01"},
                                     json={"model": model, "max_tokens": 4, "messages": QUESTION})
+        health = httpx.get(f"{service.base_url}/health", timeout=30)
         assert any(r.get("finish") is None for r in results), "the streams outlasted the late requests"
+        assert health.status_code == 503 and health.json()["status"] == "draining", health.text
         for thread in threads:
             thread.join(timeout=120)
         assert late.status_code == 503 and late.headers["retry-after"], late.text

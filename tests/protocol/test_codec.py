@@ -14,6 +14,8 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     AbortRequest,
     AddRequest,
+    CacheCleared,
+    ClearCache,
     Constraint,
     CountTokens,
     ErrorEvent,
@@ -84,6 +86,9 @@ EXAMPLES = [
                9000, 8192),
     CountTokens(AddRequest("c1", messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function"}])),
     TokenCount("c1", 27),
+    ClearCache("cache-clear-1"),
+    CacheCleared("cache-clear-1", 12, 3 << 20, 2),
+    CacheCleared("cache-clear-2", 0, 0),
     EventBatch([
         PromptEvent("r2", 20, 0),
         TokenEvent("r1", "Par", [123], 3.5),

@@ -14,6 +14,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from protocol.errors import RequestError, WorkerDead
+from router.api_keys import ApiKey, KeyRing, KeyState
 from router.auth import APIKeyMiddleware
 from router.http_errors import EXCEPTION_HANDLERS, error_body, request_error_response, worker_dead_response
 
@@ -60,7 +61,8 @@ async def _raise(request: Request) -> Response:
 def _app(api_key: str | None = None) -> Starlette:
     return Starlette(routes=[Route("/raise/{kind}", _raise), Route("/health", _raise)],
                      exception_handlers=EXCEPTION_HANDLERS,
-                     middleware=[Middleware(APIKeyMiddleware, api_key=api_key)])
+                     middleware=[Middleware(APIKeyMiddleware, keys=KeyState(
+                         KeyRing((ApiKey("default", api_key),) if api_key is not None else ())))])
 
 
 @pytest.mark.parametrize("method, path, status, error_type", [

@@ -34,6 +34,7 @@ def test_the_plist_parses_and_names_the_executable_home_and_config() -> None:
     assert plist["ThrottleInterval"] >= 1 and plist["ExitTimeOut"] > SETTINGS.drain_s
     assert plist["ProcessType"] == "Interactive"
     assert plist["EnvironmentVariables"]["PATH"].split(":")[0] == str(EXECUTABLE.parent)
+    assert plist["EnvironmentVariables"]["MLXD_STDERR_LEVEL"] == "warning"  # launchd never rotates stderr
     assert plist["StandardErrorPath"] == "/Users/me/mlxd home/logs/service.err.log"
 
 
@@ -59,6 +60,7 @@ def test_the_systemd_unit_restarts_on_failure_and_stops_after_the_drain() -> Non
     assert shlex.split(service["ExecStart"]) == [str(EXECUTABLE), "serve", "--home", "/Users/me/mlxd home", "--host",
                                                  "127.0.0.1", "--port", "8123", "--config", "/Users/me/mlxd.toml"]
     assert service["Restart"] == "on-failure" and service["KillSignal"] == "SIGTERM"
+    assert service["ExecReload"] == "/bin/kill -HUP $MAINPID"  # SIGHUP: re-read the config
     assert int(service["TimeoutStopSec"]) > SETTINGS.drain_s
     assert sections["Install"]["WantedBy"] == "default.target"
 
@@ -93,6 +95,10 @@ def test_systemd_analyze_verifies_the_unit(tmp_path: Path) -> None:
     ("linux", "uninstall", [["systemctl", "--user", "disable", "--now", "mlxd.service"],
                             ["systemctl", "--user", "daemon-reload"]]),
     ("linux", "status", [["systemctl", "--user", "status", "--no-pager", "mlxd.service"]]),
+    ("macos", "reload", [["launchctl", "kill", "SIGHUP", "gui/501/local.mlxd"]]),
+    ("linux", "reload", [["systemctl", "--user", "reload", "mlxd.service"]]),
+    *[(platform, "logs", [[str(EXECUTABLE), "logs", "--home", "/Users/me/mlxd home", "--config", "/Users/me/mlxd.toml",
+                           "-n", "100"]]) for platform in ("macos", "linux")],  # the log files, on both
 ])
 def test_each_action_runs_the_managers_commands(platform: str, action: str, commands: list[list[str]]) -> None:
     steps = plan(action, platform, SETTINGS, USER_HOME, 501)

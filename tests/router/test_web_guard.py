@@ -18,6 +18,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from router import cli
+from router.api_keys import KeyState, key_ring
 from router.auth import APIKeyMiddleware
 from router.config import ConfigError, make_config
 from router.http_errors import EXCEPTION_HANDLERS
@@ -39,10 +40,11 @@ async def _ok(request: Request) -> JSONResponse:
 def _client(**settings: Any) -> TestClient:
     """The router's middleware stack (as router.app wires it) over two routes."""
     config = make_config(settings)
+    keys = KeyState(key_ring(config))
     app = Starlette(
         routes=[Route("/v1/chat/completions", _ok, methods=["GET", "POST"]),
                 Route("/admin/models/{model:path}/unload", _ok, methods=["POST"])],
-        middleware=[*web_middleware(config), Middleware(APIKeyMiddleware, api_key=config.api_key)],
+        middleware=[*web_middleware(config, keys), Middleware(APIKeyMiddleware, keys=keys)],
         exception_handlers=EXCEPTION_HANDLERS,
     )
     return TestClient(app, base_url=OWN)

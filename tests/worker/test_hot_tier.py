@@ -66,3 +66,16 @@ def test_budget_holds_under_churn() -> None:
         assert cache.used_bytes <= cache.budget_bytes
     stored = [i for i in sizes if key(i) in cache]
     assert cache.used_bytes == sum(sizes[i] for i in stored)
+
+
+def test_clear_drops_every_block_but_not_what_a_reader_holds() -> None:
+    cache = HotTier(100)
+    for i in range(3):
+        cache.put(key(i), [i], 20)
+    held = cache.longest_run([key(0), key(1)])
+    assert cache.clear() == (3, 60)
+    assert len(cache) == 0 and cache.used_bytes == 0 and key(0) not in cache
+    assert held == [[0], [1]]  # a running request's payloads are its own
+    assert cache.longest_run([key(0)]) == [] and cache.stats.hits == 2  # counters go on
+    assert cache.put(key(5), [5], 100) and cache.used_bytes == 100  # the whole budget again
+    assert cache.clear() == (1, 100) and cache.clear() == (0, 0)
