@@ -23,22 +23,36 @@ from typing import Any
 
 from protocol.errors import RequestError
 from protocol.locks import FileLock, LockHeld, try_lock
-from router.config import RENAMED_SETTINGS, RouterConfig, setting_fields, setting_types
-from router.config_values import ConfigError, flag_name
-from router.config_file import API_KEY_ENV as API_KEY_ENV  # re-exported: callers and tests name it here
-from router.config_file import load_config, render_toml
-from router.kvstore_supervisor import KVStoreStartupError
-from router.model_files import ModelNotFound, UnknownName, gguf_command, provision, resolve_model
-from router.pool import WorkerPool
-from router import log_files, logs_cli
-from router import cache_cli, service_cli, status_cli, wait_cli
-from router import models_cli
+from router import (
+    cache_cli,
+    log_files,
+    logs_cli,
+    models_cli,
+    service_cli,
+    status_cli,
+    wait_cli,
+)
 from router.api_keys import KeyState, key_ring
+from router.config import RENAMED_SETTINGS, RouterConfig, setting_fields, setting_types
+from router.config_file import (
+    API_KEY_ENV as API_KEY_ENV,  # re-exported: callers and tests name it here
+)
+from router.config_file import load_config, render_toml
+from router.config_values import ConfigError, flag_name
+from router.kvstore_supervisor import KVStoreStartupError
+from router.model_files import (
+    ModelNotFound,
+    UnknownName,
+    gguf_command,
+    provision,
+    resolve_model,
+)
+from router.pool import WorkerPool
 from router.reload import Reloader, ReloadRefused
 from router.server import RouterServer, make_server
 from router.service_file import find_service, remove_service_file, write_service_file
-from router.startup_gate import StartupState
 from router.service_units import ServiceSettings
+from router.startup_gate import StartupState
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
 
 logger = logging.getLogger(__name__)

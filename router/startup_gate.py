@@ -48,7 +48,7 @@ class StartupGateMiddleware:
             return
         try:
             await asyncio.wait_for(self.state.ready.wait(), self.state.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         if self.state.ready.is_set() and self.state.error is None:
             await self.app(scope, receive, send)
