@@ -1,14 +1,15 @@
 """Turn one GGUF tensor into the MLX arrays and mlx-lm name an mlx-lm model loads.
 
 Owns the name map, the un-permutation of llama's rope rows and the per-type decoding:
-Q4_0/Q4_1/Q8_0 repack bit-exactly into MLX affine quantization (group 32), the other
-supported block types dequantize through gguf-py, floats pass through.
+Q4_0/Q4_1/Q8_0/Q4_K and the 5-bit types repack bit-exactly into MLX affine quantization
+(group 32, models/gguf_repack.py), Q6_K/Q3_K/Q2_K are requantized to 8 bits (the error
+is logged), floats pass through.
 """
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -17,30 +18,28 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize as gguf_dequantize
 
+from models.gguf_repack import EXACT_BITS, GROUP_SIZE, repack_exact, repack_native, requantize_8bit
+
+__all__ = ["GROUP_SIZE", "repack_native"]  # re-exported for the importer and its tests
+
+logger = logging.getLogger(__name__)
+
 # Block types MLX holds as affine quantized weights with no loss: bits per value.
-NATIVE_QUANT_BITS: dict[GGMLQuantizationType, int] = {
-    GGMLQuantizationType.Q4_0: 4,
-    GGMLQuantizationType.Q4_1: 4,
-    GGMLQuantizationType.Q8_0: 8,
-}
+NATIVE_QUANT_BITS: dict[GGMLQuantizationType, int] = EXACT_BITS
 FLOAT_TYPES = frozenset(
     {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
 )
-# Block types MLX has no layout for: dequantized with gguf-py's reference decoders.
+# Block types with no exact MLX layout (16-value sub-blocks): decoded with gguf-py's
+# reference decoders, then requantized to 8 bits in groups of 32 ("native") or kept as
+# floats (a float dtype).
 DEQUANTIZED_TYPES = frozenset(
     {
-        GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1,
         GGMLQuantizationType.Q2_K,
         GGMLQuantizationType.Q3_K,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,
     }
 )
 SUPPORTED_TYPES = frozenset(NATIVE_QUANT_BITS) | FLOAT_TYPES | DEQUANTIZED_TYPES
-
-GROUP_SIZE = 32  # every native GGUF block holds 32 values with one scale
 
 DTYPES: dict[str, mx.Dtype] = {
     "float32": mx.float32,
@@ -120,48 +119,6 @@ def unpermute_rope_rows(rows: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(per_head.swapaxes(1, 2)).reshape(rows.shape)
 
 
-def _pack_affine(values: np.ndarray, bits: int) -> np.ndarray:
-    """Pack unsigned `bits`-wide values (..., n) into MLX's little-endian uint32 words."""
-    if bits == 4:
-        values = values[..., 0::2] | (values[..., 1::2] << 4)
-    flat = np.ascontiguousarray(values.astype(np.uint8))
-    return flat.reshape(flat.shape[0], -1).view(np.uint32)
-
-
-def repack_native(
-    rows: np.ndarray, tensor_type: GGMLQuantizationType
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q4_0/Q4_1/Q8_0 blocks as MLX affine (weight, scales, biases), bit-exactly.
-
-    Every format is `value = scale * q + bias` per 32 values: Q4_1 stores (d, m) as
-    (scale, bias); Q4_0 is d * (q - 8), bias -8d; Q8_0 is d * int8, shifted to uint8
-    with bias -128d. Multiplying an fp16 by a power of two is exact, so nothing is lost.
-    """
-    if sys.byteorder != "little":
-        raise ValueError("the GGUF repacker assumes a little-endian host")
-    num_rows = rows.shape[0]
-    if tensor_type == GGMLQuantizationType.Q8_0:
-        blocks = rows.reshape(num_rows, -1, 34)
-        scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        values = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-        return _pack_affine(values, 8), scale, (scale * -128).astype(np.float16)
-    if tensor_type == GGMLQuantizationType.Q4_0:
-        blocks = rows.reshape(num_rows, -1, 18)
-        scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        bias = (scale * -8).astype(np.float16)
-        packed = blocks[..., 2:]
-    elif tensor_type == GGMLQuantizationType.Q4_1:
-        blocks = rows.reshape(num_rows, -1, 20)
-        scale = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        bias = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-        packed = blocks[..., 4:]
-    else:
-        raise ValueError(f"{tensor_type.name} is not an MLX-native block type")
-    # A block keeps values 0..15 in the low nibbles and 16..31 in the high ones.
-    values = np.concatenate([packed & 0x0F, packed >> 4], axis=-1)
-    return _pack_affine(values, 4), scale, bias
-
-
 def _floats(rows: np.ndarray, tensor: ReaderTensor) -> mx.array:
     """Float rows as an MLX array in the file's own precision."""
     if tensor.tensor_type == GGMLQuantizationType.BF16:
@@ -174,12 +131,15 @@ def _floats(rows: np.ndarray, tensor: ReaderTensor) -> mx.array:
 class ConvertedTensor:
     """One GGUF tensor in mlx-lm form: `arrays` keyed by full parameter name.
 
-    `bits` is set when the tensor stays MLX-quantized (it then has .scales/.biases).
+    `bits` is set when the tensor stays MLX-quantized (it then has .scales/.biases);
+    `max_error` is the largest difference from llama.cpp's values when it was
+    requantized (0.0 for exact layouts).
     """
 
     module: str
     arrays: dict[str, mx.array]
     bits: int | None
+    max_error: float = 0.0
 
 
 def convert_tensor(
@@ -190,8 +150,9 @@ def convert_tensor(
 ) -> ConvertedTensor:
     """Decode one tensor; `rope_heads` un-permutes llama Q/K rows for that many heads.
 
-    dtype "native" keeps Q4_0/Q4_1/Q8_0 quantized, stores the other block types as
-    float16 and floats as stored; a float dtype name dequantizes everything to it.
+    dtype "native" keeps every quantized type quantized (exactly, or requantized to 8
+    bits where no exact layout exists) and floats as stored; a float dtype name
+    dequantizes everything to it.
     """
     check_tensor_type(tensor)
     name = mlx_name(tensor.name)
@@ -204,7 +165,7 @@ def convert_tensor(
     tensor_type = tensor.tensor_type
     if tensor_type in NATIVE_QUANT_BITS:
         bits = NATIVE_QUANT_BITS[tensor_type]
-        weight, scales, biases = (mx.array(a) for a in repack_native(rows, tensor_type))
+        weight, scales, biases = (mx.array(a) for a in repack_exact(rows, tensor_type))
         if dtype == "native":
             arrays = {name: weight, f"{module}.scales": scales, f"{module}.biases": biases}
             return ConvertedTensor(module, arrays, bits)
@@ -222,8 +183,13 @@ def convert_tensor(
         if dtype != "native":
             array = array.astype(DTYPES[dtype])
     else:
-        values = gguf_dequantize(rows, tensor_type)
-        array = mx.array(values).astype(mx.float16 if dtype == "native" else DTYPES[dtype])
+        values = gguf_dequantize(rows, tensor_type).reshape(-1, shape[-1])
+        if dtype == "native" and values.shape[-1] % GROUP_SIZE == 0:
+            (weight, scales, biases), error = requantize_8bit(values)
+            arrays = {name: mx.array(weight), f"{module}.scales": mx.array(scales), f"{module}.biases": mx.array(biases)}
+            logger.info("%s: %s requantized to 8 bits, max error %.3g", tensor.name, tensor_type.name, error)
+            return ConvertedTensor(module, arrays, 8, error)
+        array = mx.array(values).astype(mx.float32 if dtype == "native" else DTYPES[dtype])
     return ConvertedTensor(module, {name: array.reshape(shape)}, None)
 
 

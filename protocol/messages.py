@@ -67,6 +67,7 @@ class Ready(Message):
     eos_token_ids: list[int] = field(default_factory=list)
     hot_tier_bytes: int = 0
     attention: str = "mlx"  # what runs attention: "mlx" or mlxd's CPU kernels
+    quantization: str = "none"  # layers served quantized ("4-bit g32: 210 layers"), or none
     vocab_size: int = 0  # token ids must be below it (logit_bias, prompt ids): checked in the router
     max_token_chars: int = 0  # longest token's text: prompts over context_length * this cannot fit
     # how the model calls tools (protocol.tool_dialects), detected from its chat template:

@@ -81,6 +81,9 @@ class WorkerSupervisor(ChildSupervisor):
             info["device"] = self.ready.device
             info["blas"] = self.ready.blas
             info["attention"] = self.ready.attention
+            info["dtype"] = self.ready.dtype
+            info["quantization"] = self.ready.quantization
+            info["weights_bytes"] = self.ready.weights_bytes
         if self.identity is not None:
             info["num_requests"] = self.client.num_open_requests(self.identity)
         if self.last_pong is not None and self.state == "ready":

@@ -1,5 +1,5 @@
-"""Route a model's attention and SwiGLU, and the sampler's logsumexp, through mlxd's
-CPU kernels (worker/csrc).
+"""Route a model's attention, SwiGLU and quantized matmuls/embeddings, and the sampler's
+logsumexp, through mlxd's CPU kernels (worker/csrc).
 
 MLX's CPU build computes `exp` one float at a time on one thread, so attention and the
 gated MLP dominate prefill on Linux; the kernels vectorize exp and spread rows over
@@ -11,7 +11,10 @@ mlx-lm's models call `scaled_dot_product_attention` and `swiglu` through their m
 globals; installing swaps those names in every loaded `mlx_lm.models.*` module, and
 anything the kernels do not cover (half precision, quantized caches, attention sinks,
 odd head sizes, the GPU) goes to mlx-lm's own function unchanged. `mx.logsumexp` is
-replaced process-wide (BatchGenerator calls it on mlx.core) for last-axis float32 input.
+replaced process-wide (BatchGenerator calls it on mlx.core) for last-axis float32 input,
+and so is `mx.quantized_matmul` (nn.QuantizedLinear and a tied QuantizedEmbedding's
+`as_linear` call it there) for float32 input against 4/8-bit affine weights in groups of
+32/64/128; `nn.QuantizedEmbedding` looks its rows up through the kernels' gather.
 """
 
 from __future__ import annotations
@@ -22,11 +25,17 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 log = logging.getLogger(__name__)
 
 _installed: str | None = None
 _stock_logsumexp = mx.logsumexp  # captured before install() replaces it
+_stock_quantized_matmul = mx.quantized_matmul
+# Quantized layouts the kernels serve: every other one stays on MLX's own ops.
+QUANTIZED_BITS = (4, 8)
+QUANTIZED_GROUP_SIZES = (32, 64, 128)
+QUANTIZED_SCALE_DTYPES = (mx.float32, mx.float16)
 
 
 def _load_extension() -> Any | None:
@@ -53,9 +62,44 @@ def _self_test(kernels: Any) -> str | None:
         want_lse = _stock_logsumexp(rows, axis=-1, keepdims=True)
         err = max(mx.abs(want - got).max().item(), mx.abs(want_act - kernels.swiglu(gate, up)).max().item(),
                   mx.abs(want_lse - kernels.logsumexp_last(rows, keepdims=True)).max().item())
+        quantized = _quantized_problem(kernels)
     except (TypeError, ValueError, RuntimeError) as exc:
         return str(exc).splitlines()[0]
-    return None if err < 1e-4 else f"results differ from MLX by {err:g}"
+    if err >= 1e-4:
+        return f"results differ from MLX by {err:g}"
+    return quantized
+
+
+def _quantized_problem(kernels: Any) -> str | None:
+    """None if both quantized paths (decode rows with int8 activations, prefill tiles
+    through BLAS), both widths and both scale dtypes agree with MLX's dequantized
+    product, and a row alone gives the bits it gives in a batch; else what differs."""
+    weight = mx.random.normal((48, 128), key=mx.random.key(3))
+    for bits, dtype in ((4, mx.float16), (8, mx.float32)):
+        w, scales, biases = mx.quantize(weight, group_size=32, bits=bits)
+        scales, biases = scales.astype(dtype), biases.astype(dtype)
+        reference = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=32, bits=bits)
+        for tokens in (1, 3, kernels.decode_tokens + 5):
+            x = mx.random.normal((2, tokens, 128), key=mx.random.key(tokens))
+            got = kernels.quantized_matmul(x, w, scales, biases, group_size=32, bits=bits)
+            alone = kernels.quantized_matmul(x[1:], w, scales, biases, group_size=32, bits=bits)
+            if not mx.array_equal(alone, got[1:]).item():
+                return f"a {bits}-bit row differs alone and in a batch"
+            want = x @ reference.T
+            error = mx.abs(want - got).max().item() / mx.abs(want).max().item()
+            if error > (1e-2 if tokens <= kernels.decode_tokens else 1e-4):
+                return f"{bits}-bit matmul of {tokens} tokens differs from MLX by {error:.2g} (relative)"
+        ids = mx.array([[5, 0], [47, 5]])
+        rows = kernels.quantized_gather(w, scales, biases, ids, group_size=32, bits=bits)
+        if mx.abs(rows - reference[ids]).max().item() > 1e-5:
+            return f"{bits}-bit gather differs from MLX"
+    return None
+
+
+def serves_quantized(bits: int, group_size: int, mode: str = "affine") -> bool:
+    """Whether the kernels run a quantized layer of this layout (the loader keeps such
+    layers quantized and dequantizes the rest)."""
+    return mode == "affine" and bits in QUANTIZED_BITS and group_size in QUANTIZED_GROUP_SIZES
 
 
 def _attention(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.array]:
@@ -116,6 +160,58 @@ def _logsumexp(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[...,
     return logsumexp
 
 
+def _quantized_matmul(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    def quantized_matmul(
+        x: mx.array,
+        w: mx.array,
+        /,
+        scales: mx.array,
+        biases: mx.array | None = None,
+        transpose: bool = True,
+        group_size: int | None = None,
+        bits: int | None = None,
+        mode: str = "affine",
+        *,
+        stream: Any = None,
+    ) -> mx.array:
+        if (
+            stream is None
+            and transpose
+            and biases is not None
+            and group_size is not None
+            and bits is not None
+            and serves_quantized(bits, group_size, mode)
+            and x.dtype == mx.float32
+            and w.dtype == mx.uint32
+            and w.ndim == 2
+            and scales.dtype in QUANTIZED_SCALE_DTYPES
+            and biases.dtype == scales.dtype
+            and x.ndim >= 1
+            and x.shape[-1] == w.shape[1] * 32 // bits
+        ):
+            return kernels.quantized_matmul(x, w, scales, biases, group_size=group_size, bits=bits)
+        return fallback(x, w, scales=scales, biases=biases, transpose=transpose, group_size=group_size,
+                        bits=bits, mode=mode, stream=stream)
+
+    return quantized_matmul
+
+
+def _quantized_embedding(kernels: Any, fallback: Callable[[Any, mx.array], mx.array]) -> Callable[[Any, mx.array], mx.array]:
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        biases = self.get("biases")
+        if (
+            biases is not None
+            and serves_quantized(self.bits, self.group_size, getattr(self, "mode", "affine"))
+            and self["scales"].dtype in QUANTIZED_SCALE_DTYPES
+            and biases.dtype == self["scales"].dtype
+        ):
+            return kernels.quantized_gather(
+                self["weight"], self["scales"], biases, x, group_size=self.group_size, bits=self.bits)
+        return fallback(self, x)
+
+    return __call__
+
+
 def install() -> str:
     """Swap the kernels into every loaded mlx-lm model module; return what now runs
     attention, for the load log, /health and the prefix-cache fingerprint (its first
@@ -152,6 +248,9 @@ def install() -> str:
     # mx.logsumexp, looked up on mlx.core at each call: on MLX's scalar exp that is a
     # visible share of a decode step. Only last-axis float32 calls change.
     mx.logsumexp = _logsumexp(kernels, _stock_logsumexp)
-    # the version names the numerics: prefix-cache fingerprints include it
-    _installed = f"mlxd-cpu-1 ({kernels.threads()} threads)"
+    mx.quantized_matmul = _quantized_matmul(kernels, _stock_quantized_matmul)
+    nn.QuantizedEmbedding.__call__ = _quantized_embedding(kernels, nn.QuantizedEmbedding.__call__)
+    # the version names the numerics: prefix-cache fingerprints include it (and the
+    # quantized inner loop, whose lanes the scalar fallback reproduces, for the record)
+    _installed = f"mlxd-cpu-2 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
     return _installed

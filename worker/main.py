@@ -184,9 +184,9 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
 
         log.warning("no optimised BLAS found: CPU inference will be slow. Fix: %s", missing_blas_hint())
     log.info(
-        "loaded %s in %.1fs: %s on %s, BLAS %s, attention %s, %.0f MB of weights, context %d",
-        config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, blas, loaded.attention,
-        loaded.weights_bytes / 1e6, loaded.context_length,
+        "loaded %s in %.1fs: %s on %s (quantized: %s), BLAS %s, kernels %s, %.0f MB of weights, context %d",
+        config.model_id, loaded.load_time_s, loaded.dtype, loaded.device, loaded.quantization, blas,
+        loaded.attention, loaded.weights_bytes / 1e6, loaded.context_length,
     )
     budget = config.hot_tier_bytes  # sized by the router's pool from the memory budget
     cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and settings.prefix_cache else None
@@ -216,6 +216,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         eos_token_ids=engine.eos_token_ids,
         hot_tier_bytes=prefix_cache.hot.budget_bytes,
         attention=loaded.attention,
+        quantization=loaded.quantization,
         vocab_size=engine.vocab_size,
         max_token_chars=engine.max_token_chars,
         tool_dialect=tool_dialect,

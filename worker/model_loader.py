@@ -1,8 +1,10 @@
 """Load an mlx-lm model directory for serving, in the dtype this device runs fastest.
 
-On a CPU-only MLX build, quantized and half-precision matmuls run on scalar,
-single-threaded kernels (far slower than fp32 through BLAS), so the weights are
-dequantized to float32 once at load.
+On a CPU-only MLX build, MLX's own quantized and half-precision matmuls run on scalar,
+single-threaded kernels. Layers whose quantization mlxd's CPU kernels serve (4/8-bit
+affine, groups of 32/64/128) stay quantized: decode is memory-bound, so reading the
+file's 4.5-bit weights beats fp32 by the ratio of their bytes. Every other weight is
+dequantized to float32 once at load, and `dtype = "float32"` dequantizes everything.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 
 from worker.cpu_kernels import install as install_cpu_kernels
+from worker.cpu_kernels import serves_quantized
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class LoadedModel:
     load_time_s: float
     fingerprint: bytes
     attention: str = "mlx"  # what runs attention and SwiGLU (worker.cpu_kernels)
+    quantization: str = "none"  # what stayed quantized: "4-bit g32: 210 layers, 8-bit g32: 1 layer"
 
 
 def _float_weight(module: nn.Module, dtype: mx.Dtype) -> mx.array:
@@ -70,10 +74,18 @@ def _dequantized(module: nn.Module, dtype: mx.Dtype) -> nn.Module | None:
     return None
 
 
-def dequantize_model(model: nn.Module, dtype: mx.Dtype) -> int:
-    """Replace every quantized layer by its float equivalent; returns how many."""
+def _is_quantized(module: nn.Module) -> bool:
+    return isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+
+
+def dequantize_model(model: nn.Module, dtype: mx.Dtype, keep_quantized: bool = False) -> int:
+    """Replace quantized layers by their float equivalents; returns how many. With
+    `keep_quantized`, layers the CPU kernels serve stay as they are."""
     replacements = []
     for name, module in model.named_modules():
+        if keep_quantized and _is_quantized(module) and serves_quantized(
+                module.bits, module.group_size, getattr(module, "mode", "affine")):
+            continue
         new = _dequantized(module, dtype)
         if new is not None:
             replacements.append((name, new))
@@ -82,13 +94,49 @@ def dequantize_model(model: nn.Module, dtype: mx.Dtype) -> int:
     return len(replacements)
 
 
-def model_fingerprint(path: Path, dtype: str, kernels: str = "mlx") -> bytes:
-    """Hash of config, weights, serving dtype and attention kernels: blocks of one model
-    (or of one model served in another dtype, or through other kernels, whose KV differs
-    in the last bits) are never read by another."""
+def cast_floats(model: nn.Module, dtype: mx.Dtype) -> None:
+    """Every float parameter to `dtype`, except the scales and biases of quantized layers:
+    float16 ones stay float16 (the kernels read them; float32 would add a bit per weight
+    to every decode step's reads), bfloat16 ones become float32 (exact)."""
+    quantized = {name for name, module in model.named_modules() if _is_quantized(module)}
+    updates = []
+    for name, value in tree_flatten(model.parameters()):
+        if not mx.issubdtype(value.dtype, mx.floating):
+            continue
+        module, _, leaf = name.rpartition(".")
+        if module in quantized and leaf in ("scales", "biases"):
+            if value.dtype in (mx.float16, mx.float32):
+                continue
+            updates.append((name, value.astype(mx.float32)))
+        elif value.dtype != dtype:
+            updates.append((name, value.astype(dtype)))
+    if updates:
+        model.update(tree_unflatten(updates))
+
+
+def describe_quantization(model: nn.Module) -> str:
+    """What stayed quantized, for the load log and /admin/status."""
+    layouts: dict[str, int] = {}
+    for _, module in model.named_modules():
+        if _is_quantized(module):
+            layout = f"{module.bits}-bit g{module.group_size}"
+            layouts[layout] = layouts.get(layout, 0) + 1
+    if not layouts:
+        return "none"
+    ordered = sorted(layouts.items(), key=lambda item: -item[1])
+    return ", ".join(f"{layout}: {count} layer{'s' if count != 1 else ''}" for layout, count in ordered)
+
+
+def model_fingerprint(path: Path, dtype: str, kernels: str = "mlx", quantization: str = "none") -> bytes:
+    """Hash of config, weights, serving dtype, what stayed quantized and the kernels:
+    blocks of one model (or of one model served in another dtype, dequantized or not,
+    or through other kernels, whose KV differs in the last bits) are never read by
+    another."""
     h = hashlib.blake2b(digest_size=16)
     h.update(dtype.encode())
     h.update(kernels.split(" ")[0].encode())
+    if quantization != "none":  # the fingerprints of fully dequantized models stay as they were
+        h.update(quantization.encode())
     for file in sorted(path.iterdir()):
         if file.suffix in (".json", ".safetensors") and file.is_file():
             h.update(file.name.encode())
@@ -108,17 +156,25 @@ def choose_dtype(requested: str) -> str:
 
 
 def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
-    """Load weights + tokenizer, convert to the serving dtype, and materialize them."""
+    """Load weights + tokenizer, convert to the serving dtype, and materialize them.
+
+    dtype "auto" on a CPU keeps the layers mlxd's quantized kernels serve (when they
+    passed their self-test) and computes in float32; "float32" dequantizes everything.
+    """
     start = time.perf_counter()
     model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     attention = install_cpu_kernels()  # after the load, so the model's module is imported
     effective = choose_dtype(dtype)
     if effective in _DTYPES:
         target = _DTYPES[effective]
-        num = dequantize_model(model, target)
-        model.set_dtype(target)
+        keep = dtype == "auto" and target == mx.float32 and attention.startswith("mlxd-cpu")
+        num = dequantize_model(model, target, keep_quantized=keep)
+        cast_floats(model, target)
         if num:
             log.info("dequantized %d layers to %s for this device", num, effective)
+    quantization = describe_quantization(model)
+    if quantization != "none":
+        log.info("quantized layers served as they are: %s", quantization)
     mx.eval(model.parameters())
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     context = int(
@@ -139,6 +195,7 @@ def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
         context_length=context,
         weights_bytes=weights_bytes,
         load_time_s=time.perf_counter() - start,
-        fingerprint=model_fingerprint(Path(path), effective, attention),
+        fingerprint=model_fingerprint(Path(path), effective, attention, quantization),
         attention=attention,
+        quantization=quantization,
     )

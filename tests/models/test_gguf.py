@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType as Q
 from mlx_lm.utils import load_model
 
 from models.gguf import convert_gguf
-from models.gguf_tensors import raw_rows, repack_native
+from models.gguf_tensors import DEQUANTIZED_TYPES, raw_rows, repack_native
 from models.gguf_tokenizer import build_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -301,6 +301,10 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 ROPE_MODES = {"llama": "norm", "qwen2": "neox", "qwen3": "neox"}
 # float32 is exact up to summation order; native keeps fp16 scales / fp16 activations.
 TOLERANCES = {"float32": 5e-4, "native": 2e-2, "float16": 5e-2, "bfloat16": 1e-1}
+# Types with 16-value sub-blocks have no exact MLX layout: native requantizes them to
+# 8 bits in groups of 32 (Q8_0's precision; its per-weight bound is tested in
+# test_gguf_repack.py), which this tiny random model amplifies to up to ~5% (measured); the wrong-rope check below still sits far above it.
+REQUANTIZED_TOLERANCE = 8e-2
 
 
 # ---------------------------------------------------------------- tests
@@ -316,9 +320,10 @@ def test_logits_match_llama_cpp_layout_reference(
     dest = convert_gguf(src, tmp_path / "model", dtype=dtype)
     weights = gguf_weights(src)
     got = mlx_logits(dest)
-    assert relative_error(got, reference_logits(weights, PROMPT_IDS, ROPE_MODES[arch])) < (
-        TOLERANCES[dtype]
-    )
+    tolerance = TOLERANCES[dtype]
+    if dtype == "native" and qtype in DEQUANTIZED_TYPES:
+        tolerance = REQUANTIZED_TOLERANCE
+    assert relative_error(got, reference_logits(weights, PROMPT_IDS, ROPE_MODES[arch])) < tolerance
     # The other rope pairing must fail clearly, or this case could not catch a wrong
     # (un)permutation of the Q/K rows.
     other = {"norm": "neox", "neox": "norm"}[ROPE_MODES[arch]]

@@ -1,17 +1,19 @@
 // Python module worker._cpu_kernels: MLX ops that MLX's own CPU build runs slowly.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
 #include "attention.h"
 #include "logsumexp.h"
 #include "parallel.h"
+#include "quantized.h"
 #include "swiglu.h"
 
 namespace nb = nanobind;
 
 NB_MODULE(_cpu_kernels, m) {
-  m.doc() = "mlxd CPU kernels: attention, SwiGLU and logsumexp with a vectorized exp, on every core";
+  m.doc() = "mlxd CPU kernels: attention, SwiGLU and logsumexp with a vectorized exp, and 4/8-bit quantized matmuls, on every core";
   m.def(
       "attention",
       &mlxd::attention,
@@ -31,5 +33,29 @@ NB_MODULE(_cpu_kernels, m) {
       nb::kw_only(),
       nb::arg("keepdims") = false,
       nb::arg("stream") = nb::none());
+  m.def(
+      "quantized_matmul",
+      &mlxd::quantized_matmul,
+      nb::arg("x"),
+      nb::arg("w"),
+      nb::arg("scales"),
+      nb::arg("biases"),
+      nb::kw_only(),
+      nb::arg("group_size"),
+      nb::arg("bits"),
+      nb::arg("stream") = nb::none());
+  m.def(
+      "quantized_gather",
+      &mlxd::quantized_gather,
+      nb::arg("w"),
+      nb::arg("scales"),
+      nb::arg("biases"),
+      nb::arg("indices"),
+      nb::kw_only(),
+      nb::arg("group_size"),
+      nb::arg("bits"),
+      nb::arg("stream") = nb::none());
+  m.def("quantized_isa", &mlxd::quantized_isa);
+  m.attr("decode_tokens") = mlxd::kDecodeTokens;
   m.def("threads", &mlxd::kernel_threads);
 }

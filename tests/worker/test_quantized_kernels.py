@@ -1,0 +1,161 @@
+"""mlxd's quantized CPU matmul and gather against MLX's own affine quantization.
+
+Prefill (more than decode_tokens rows per sequence) multiplies dequantized float tiles
+through BLAS: equal to the float product to rounding. Decode quantizes the activations
+to int8 blocks as llama.cpp does: within a fraction of a percent of the float product,
+and a row's bits never depend on the rest of the batch or on which inner loop (AVX2 or
+scalar) ran.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+if mx.default_device().type != mx.DeviceType.cpu or sys.platform == "darwin":
+    pytest.skip("the kernels serve MLX's CPU build", allow_module_level=True)
+
+kernels = pytest.importorskip("worker._cpu_kernels", reason="kernels not built: run `make kernels`")
+
+DECODE = kernels.decode_tokens
+
+
+def _weights(n: int, k: int, bits: int, group_size: int, dtype: mx.Dtype, seed: int = 1) -> tuple[mx.array, ...]:
+    w, scales, biases = mx.quantize(mx.random.normal((n, k), key=mx.random.key(seed)), group_size=group_size, bits=bits)
+    return w, scales.astype(dtype), biases.astype(dtype)
+
+
+def _float_weight(w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+    return mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group_size, bits=bits)
+
+
+CASES = [
+    (4, 32, mx.float16, 96),  # 3 blocks: an unpaired last block, fewer than 8
+    (4, 32, mx.float16, 576),  # SmolLM2's hidden size
+    (4, 64, mx.float32, 640),
+    (4, 128, mx.float16, 896),
+    (8, 32, mx.float16, 576),
+    (8, 64, mx.float32, 320),
+    (8, 128, mx.float32, 1024),
+]
+
+
+@pytest.mark.parametrize("bits,group_size,dtype,k", CASES)
+@pytest.mark.parametrize("tokens", [1, 3, DECODE, DECODE + 1, 40])
+def test_matches_the_float_product(bits: int, group_size: int, dtype: mx.Dtype, k: int, tokens: int) -> None:
+    w, scales, biases = _weights(72, k, bits, group_size, dtype)
+    x = mx.random.normal((2, tokens, k), key=mx.random.key(tokens))
+    want = x @ _float_weight(w, scales, biases, group_size, bits).T
+    got = kernels.quantized_matmul(x, w, scales, biases, group_size=group_size, bits=bits)
+    assert got.shape == want.shape and got.dtype == mx.float32
+    error = mx.abs(got - want).max().item() / mx.abs(want).max().item()
+    # two-digit integer activations (decode) vs float tiles through BLAS (prefill)
+    assert error < (1e-3 if tokens <= DECODE else 1e-5), error
+
+
+@pytest.mark.parametrize("bits,group_size,dtype,k", CASES)
+def test_a_decode_row_has_the_same_bits_in_any_batch(bits: int, group_size: int, dtype: mx.Dtype, k: int) -> None:
+    w, scales, biases = _weights(40, k, bits, group_size, dtype)
+    batch = mx.random.normal((7, 1, k), key=mx.random.key(5))  # 7 sequences decoding one token each
+    together = kernels.quantized_matmul(batch, w, scales, biases, group_size=group_size, bits=bits)
+    for row in (0, 3, 6):
+        alone = kernels.quantized_matmul(batch[row:row + 1], w, scales, biases, group_size=group_size, bits=bits)
+        assert mx.array_equal(alone, together[row:row + 1]).item(), row
+    prefill = mx.random.normal((2, 30, k), key=mx.random.key(6))
+    both = kernels.quantized_matmul(prefill, w, scales, biases, group_size=group_size, bits=bits)
+    one = kernels.quantized_matmul(prefill[1:], w, scales, biases, group_size=group_size, bits=bits)
+    assert mx.array_equal(one, both[1:]).item()
+
+
+def test_a_changed_weight_changes_the_output() -> None:
+    """The comparisons above can fail: one flipped nibble moves the outputs of its row."""
+    w, scales, biases = _weights(16, 576, 4, 32, mx.float16)
+    x = mx.random.normal((1, 1, 576), key=mx.random.key(2))
+    before = kernels.quantized_matmul(x, w, scales, biases, group_size=32, bits=4)
+    flipped = np.array(w)
+    flipped[5, 3] ^= 0x10
+    after = kernels.quantized_matmul(x, mx.array(flipped), scales, biases, group_size=32, bits=4)
+    changed = np.nonzero(np.array(before != after)[0, 0])[0].tolist()
+    assert changed == [5]
+
+
+@pytest.mark.parametrize("bits,group_size,dtype,k", CASES[:5])
+def test_gather_equals_dequantized_rows(bits: int, group_size: int, dtype: mx.Dtype, k: int) -> None:
+    w, scales, biases = _weights(50, k, bits, group_size, dtype)
+    ids = mx.array([[3, 49, 0], [3, 7, 12]])
+    want = _float_weight(w, scales, biases, group_size, bits)[ids]
+    got = kernels.quantized_gather(w, scales, biases, ids, group_size=group_size, bits=bits)
+    assert got.shape == (2, 3, k) and mx.abs(got - want).max().item() < 1e-6
+
+
+def test_bad_layouts_are_refused() -> None:
+    w, scales, biases = _weights(8, 64, 4, 32, mx.float16)
+    x = mx.zeros((1, 64))
+    with pytest.raises(ValueError, match="bits"):
+        kernels.quantized_matmul(x, w, scales, biases, group_size=32, bits=3)
+    with pytest.raises(ValueError, match="last axis"):
+        kernels.quantized_matmul(mx.zeros((1, 63)), w, scales, biases, group_size=32, bits=4)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.quantized_matmul(x.astype(mx.float16), w, scales, biases, group_size=32, bits=4)
+
+
+_SCALAR_CHECK = """
+import sys
+import numpy as np
+import mlx.core as mx
+from worker import _cpu_kernels as kernels
+out = []
+for bits, group_size, k in ((4, 32, 96), (4, 64, 640), (8, 32, 576), (8, 128, 1024)):
+    w, s, b = mx.quantize(mx.random.normal((33, k), key=mx.random.key(1)), group_size=group_size, bits=bits)
+    x = mx.random.normal((5, 1, k), key=mx.random.key(2))
+    out.append(np.array(kernels.quantized_matmul(x, w, s.astype(mx.float16), b.astype(mx.float16),
+                                                 group_size=group_size, bits=bits)))
+np.save(sys.argv[1], np.concatenate([o.reshape(-1) for o in out]))
+print(kernels.quantized_isa())
+"""
+
+
+def test_scalar_loop_gives_the_avx2_bits(tmp_path) -> None:
+    """The fallback for CPUs without AVX2 reproduces the vector lanes exactly, so the
+    prefix-cache fingerprint need not tell them apart."""
+    if kernels.quantized_isa() != "avx2":
+        pytest.skip("this CPU runs the scalar loop only")
+    results = {}
+    for isa in ("avx2", "scalar"):
+        env = {**os.environ, "MLXD_QUANTIZED_ISA": isa}
+        path = tmp_path / f"{isa}.npy"
+        run = subprocess.run([sys.executable, "-c", _SCALAR_CHECK, str(path)], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == isa
+        results[isa] = np.load(path)
+    np.testing.assert_array_equal(results["avx2"], results["scalar"])
+
+
+def test_installed_kernels_serve_quantized_layers() -> None:
+    code = """
+import mlx.core as mx
+import mlx.nn as nn
+from worker.cpu_kernels import install
+print(install())
+linear = nn.QuantizedLinear(256, 48, bias=True, group_size=64, bits=4)
+embedding = nn.QuantizedEmbedding(100, 256, group_size=32, bits=8)
+x = mx.random.normal((1, 1, 256))
+assert mx.quantized_matmul.__module__ == "worker.cpu_kernels"
+want = x @ mx.dequantize(linear.weight, linear.scales, linear.biases, group_size=64, bits=4).T + linear.bias
+assert mx.abs(linear(x) - want).max().item() / mx.abs(want).max().item() < 1e-2
+ids = mx.array([[1, 99]])
+rows = mx.dequantize(embedding.weight, embedding.scales, embedding.biases, group_size=32, bits=8)[ids]
+assert mx.abs(embedding(ids) - rows).max().item() < 1e-6
+odd = nn.QuantizedLinear(256, 48, group_size=64, bits=3)  # not served: MLX's own op still runs it
+assert odd(x).shape == (1, 1, 48)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "quantized avx2" in result.stdout or "quantized scalar" in result.stdout

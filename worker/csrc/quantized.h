@@ -1,0 +1,45 @@
+// Matmuls and row gathers against MLX affine-quantized weights (4 or 8 bits, groups of
+// 32, 64 or 128), for the CPU stream: MLX's own CPU kernel is scalar and single-threaded.
+#pragma once
+
+#include <string>
+
+#include "mlx/mlx.h"
+
+namespace mlxd {
+
+// x (..., K) float32 times the transpose of the (N, K) weight that `w` (uint32, N rows of
+// K*bits/32 words), `scales` and `biases` (N, K/group_size; float32 or float16) encode:
+// w[n, k] = scales[n, k/g] * q[n, k] + biases[n, k/g]. Returns (..., N) float32.
+//
+// Inputs whose second-to-last axis (tokens per sequence) is at most kDecodeTokens take
+// the decode path: the weights stream once from memory while every row of x is
+// multiplied, each output computed in one fixed order, so a row gives the same bits
+// alone and in any batch. Longer inputs (prefill) dequantize tiles of rows and call the
+// process's BLAS, whose result for a row does not depend on the other rows either.
+mlx::core::array quantized_matmul(
+    const mlx::core::array& x,
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const mlx::core::array& biases,
+    int group_size,
+    int bits,
+    mlx::core::StreamOrDevice s = {});
+
+// Rows `indices` (any shape, integer) of the quantized (N, K) matrix, as float32
+// (indices' shape + (K,)): the embedding lookup of a quantized model.
+mlx::core::array quantized_gather(
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const mlx::core::array& biases,
+    const mlx::core::array& indices,
+    int group_size,
+    int bits,
+    mlx::core::StreamOrDevice s = {});
+
+// "avx2" or "scalar": the inner loop chosen for this CPU when the module loaded.
+std::string quantized_isa();
+
+constexpr int kDecodeTokens = 8;
+
+}  // namespace mlxd
