@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.served_quantization import served_quantized
+
 logger = logging.getLogger(__name__)
 
 EMBEDDING_TYPES = {"bert", "roberta", "xlm-roberta", "nomic_bert", "distilbert", "modernbert"}
@@ -55,13 +57,22 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F64": 8, "I64": 8}
 
 
-def estimate_weights_bytes(model_dir: Path, config: dict[str, Any]) -> int:
-    """Bytes of weights once loaded. On a CPU backend the worker serves float32, so
-    quantized and half-precision tensors count at 4 bytes per element; on macOS the
-    checkpoint's own sizes. Read from safetensors headers only (cheap)."""
+def _layer_layout(quant: dict[str, Any], module: str) -> tuple[int, int, str]:
+    layer = quant.get(module) if isinstance(quant.get(module), dict) else {}
+    return (int(layer.get("bits", quant.get("bits", 4))), int(layer.get("group_size", quant.get("group_size", 64))),
+            str(layer.get("mode", quant.get("mode", "affine"))))
+
+
+def estimate_weights_bytes(model_dir: Path, config: dict[str, Any], dequantize_all: bool = False) -> int:
+    """Bytes of weights once loaded. On a CPU backend the worker keeps the quantized
+    layers its kernels serve (protocol.served_quantization) as stored, bfloat16 scales
+    widened to float32, and serves everything else as float32 (4 bytes per element; all
+    of it with `dequantize_all`, the dtype = "float32" setting); on macOS the checkpoint's
+    own sizes. Read from safetensors headers only (cheap)."""
     as_fp32 = sys.platform != "darwin"
     quant = config.get("quantization") or {}
-    default_bits = quant.get("bits", 4) if isinstance(quant, dict) else 4
+    if not isinstance(quant, dict):
+        quant = {}
     total = 0
     for file in sorted(model_dir.glob("*.safetensors")):
         try:
@@ -76,31 +87,34 @@ def estimate_weights_bytes(model_dir: Path, config: dict[str, Any]) -> int:
             for d in info["shape"]:
                 numel *= d
             itemsize = _DTYPE_BYTES.get(info["dtype"], 4)
+            module, _, leaf = name.rpartition(".")
+            kept = quant and not dequantize_all and served_quantized(*_layer_layout(quant, module))
             if not as_fp32:
                 total += numel * itemsize
-            elif name.endswith((".scales", ".biases")) and info["dtype"] != "F32" and quant:
-                continue  # folded into the dequantized weight
+            elif leaf in ("scales", "biases") and quant:
+                if kept:
+                    total += numel * (2 if info["dtype"] == "F16" else 4)
+                # else: folded into the dequantized weight
             elif info["dtype"] == "U32" and quant:
-                module = name.rsplit(".", 1)[0]
-                layer = quant.get(module) if isinstance(quant.get(module), dict) else {}
-                bits = layer.get("bits", default_bits)
-                total += numel * (32 // bits) * 4
+                bits = _layer_layout(quant, module)[0]
+                total += numel * 4 if kept else numel * (32 // bits) * 4
             else:
                 total += numel * 4
     return total
 
 
-def _entry_for_dir(model_id: str, path: Path) -> ModelEntry | None:
+def _entry_for_dir(model_id: str, path: Path, dequantize_all: bool = False) -> ModelEntry | None:
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return ModelEntry(model_id, path, model_kind(config), estimate_weights_bytes(path, config))
+    return ModelEntry(model_id, path, model_kind(config), estimate_weights_bytes(path, config, dequantize_all))
 
 
-def discover(models_dir: Path) -> dict[str, ModelEntry]:
+def discover(models_dir: Path, dequantize_all: bool = False) -> dict[str, ModelEntry]:
     """Every model in `models_dir`: subdirectories with a config.json, and .gguf files
-    (a converted directory of the same name wins over its .gguf)."""
+    (a converted directory of the same name wins over its .gguf); `dequantize_all`
+    estimates them served in float32 (the worker's dtype setting is not auto)."""
     found: dict[str, ModelEntry] = {}
     if not models_dir.is_dir():
         return found
@@ -108,19 +122,21 @@ def discover(models_dir: Path) -> dict[str, ModelEntry]:
         if child.name.startswith("."):
             continue
         if child.is_dir() and (child / "config.json").is_file():
-            entry = _entry_for_dir(child.name, child)
+            entry = _entry_for_dir(child.name, child, dequantize_all)
             if entry is not None:
                 found[entry.id] = entry
     for gguf in sorted(models_dir.glob("*.gguf")):
         if gguf.stem not in found:
-            # size on disk as the estimate until it is converted
-            found[gguf.stem] = ModelEntry(gguf.stem, gguf, "chat", gguf.stat().st_size * 4)
+            # size on disk as the estimate until it is converted: kept quantized (5-bit
+            # blocks widen to 8) or dequantized
+            factor = 4 if dequantize_all else 2
+            found[gguf.stem] = ModelEntry(gguf.stem, gguf, "chat", gguf.stat().st_size * factor)
     return found
 
 
-def entry_for(model_id: str, path: Path) -> ModelEntry:
+def entry_for(model_id: str, path: Path, dequantize_all: bool = False) -> ModelEntry:
     """An entry for an explicitly given model directory (e.g. `--model /some/dir`)."""
-    entry = _entry_for_dir(model_id, path)
+    entry = _entry_for_dir(model_id, path, dequantize_all)
     if entry is None:
         raise ValueError(f"{path} is not an MLX model directory (no readable config.json)")
     return entry

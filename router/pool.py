@@ -54,9 +54,10 @@ class WorkerPool:
         self.worker_command = tuple(worker_command)
         self.created = int(time.time())
         self.started_at = time.time()
-        self.registry: dict[str, ModelEntry] = model_registry.discover(config.models_dir)
+        self.dequantize_all = config.worker.dtype != "auto"  # else quantized layers stay as stored
+        self.registry: dict[str, ModelEntry] = model_registry.discover(config.models_dir, self.dequantize_all)
         for model_id, path in models.items():  # given on the command line: served first
-            self.registry[model_id] = model_registry.entry_for(model_id, path)
+            self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
         self.preload = list(models)
         self.pinned: set[str] = set(config.pinned)  # admin pin/unpin change it at run time
         self.aliases = dict(config.alias_targets)
@@ -302,7 +303,7 @@ class WorkerPool:
             if entry.needs_conversion:
                 self.states[model_id] = "converting"
                 path = await asyncio.to_thread(convert_once, entry.path, self.config.models_dir)
-                entry = self.registry[model_id] = model_registry.entry_for(model_id, path)
+                entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
             supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command)
             supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
             supervisor.hot_tier_bytes = self.hot_tier_bytes()

@@ -27,14 +27,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from protocol.served_quantization import served_quantized
+
 log = logging.getLogger(__name__)
 
 _installed: str | None = None
 _stock_logsumexp = mx.logsumexp  # captured before install() replaces it
 _stock_quantized_matmul = mx.quantized_matmul
-# Quantized layouts the kernels serve: every other one stays on MLX's own ops.
-QUANTIZED_BITS = (4, 8)
-QUANTIZED_GROUP_SIZES = (32, 64, 128)
 QUANTIZED_SCALE_DTYPES = (mx.float32, mx.float16)
 
 
@@ -98,8 +97,8 @@ def _quantized_problem(kernels: Any) -> str | None:
 
 def serves_quantized(bits: int, group_size: int, mode: str = "affine") -> bool:
     """Whether the kernels run a quantized layer of this layout (the loader keeps such
-    layers quantized and dequantizes the rest)."""
-    return mode == "affine" and bits in QUANTIZED_BITS and group_size in QUANTIZED_GROUP_SIZES
+    layers quantized and dequantizes the rest; protocol.served_quantization says which)."""
+    return served_quantized(bits, group_size, mode)
 
 
 def _attention(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.array]:
