@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 _installed: str | None = None
 _stock_logsumexp = mx.logsumexp  # captured before install() replaces it
 _stock_quantized_matmul = mx.quantized_matmul
+_stock_rms_norm = mx.fast.rms_norm
+_stock_rope = mx.fast.rope
 QUANTIZED_SCALE_DTYPES = (mx.float32, mx.float16)
 
 
@@ -60,7 +62,11 @@ def _self_test(kernels: Any) -> str | None:
         rows = q.reshape(4, -1)
         want_lse = _stock_logsumexp(rows, axis=-1, keepdims=True)
         err = max(mx.abs(want - got).max().item(), mx.abs(want_act - kernels.swiglu(gate, up)).max().item(),
-                  mx.abs(want_lse - kernels.logsumexp_last(rows, keepdims=True)).max().item())
+                  mx.abs(want_lse - kernels.logsumexp_last(rows, keepdims=True)).max().item(),
+                  mx.abs(_stock_rms_norm(rows, None, 1e-5) - kernels.rms_norm(rows, None, 1e-5)).max().item(),
+                  mx.abs(_stock_rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3)
+                         - kernels.rope(q, 16, traditional=False, base=1e4, scale=1.0,
+                                        offsets=mx.array([3], dtype=mx.int32))).max().item())
         quantized = _quantized_problem(kernels)
     except (TypeError, ValueError, RuntimeError) as exc:
         return str(exc).splitlines()[0]
@@ -211,6 +217,42 @@ def _quantized_embedding(kernels: Any, fallback: Callable[[Any, mx.array], mx.ar
     return __call__
 
 
+def _rms_norm(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: Any = None) -> mx.array:
+        if (
+            stream is None
+            and x.dtype == mx.float32
+            and x.ndim >= 1
+            and (weight is None or (weight.dtype == mx.float32 and weight.shape == (x.shape[-1],)))
+        ):
+            return kernels.rms_norm(x, weight, eps)
+        return fallback(x, weight, eps, stream=stream)
+
+    return rms_norm
+
+
+def _rope(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.array]:
+    def rope(a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float, offset: Any,
+             freqs: mx.array | None = None, stream: Any = None) -> mx.array:
+        if (
+            stream is None
+            and freqs is None
+            and base is not None
+            and a.dtype == mx.float32
+            and a.ndim >= 3
+            and dims % 2 == 0
+            and 0 < dims <= a.shape[-1]
+        ):
+            offsets = mx.array([offset], dtype=mx.int32) if isinstance(offset, int) else offset
+            if isinstance(offsets, mx.array) and (offsets.size == 1 or offsets.shape == (a.shape[0],)):
+                return kernels.rope(a, dims, traditional=traditional, base=base, scale=scale,
+                                    offsets=offsets.reshape(-1))
+        return fallback(a, dims, traditional=traditional, base=base, scale=scale, offset=offset, freqs=freqs,
+                        stream=stream)
+
+    return rope
+
+
 def install() -> str:
     """Swap the kernels into every loaded mlx-lm model module; return what now runs
     attention, for the load log, /health and the prefix-cache fingerprint (its first
@@ -248,8 +290,12 @@ def install() -> str:
     # visible share of a decode step. Only last-axis float32 calls change.
     mx.logsumexp = _logsumexp(kernels, _stock_logsumexp)
     mx.quantized_matmul = _quantized_matmul(kernels, _stock_quantized_matmul)
+    # nn.RMSNorm and nn.RoPE (and mlx-lm's rope variants) call these on mlx.core.fast: MLX's
+    # CPU build composes each from a handful of ops, ~100-250 us per call at decode sizes
+    mx.fast.rms_norm = _rms_norm(kernels, _stock_rms_norm)
+    mx.fast.rope = _rope(kernels, _stock_rope)
     nn.QuantizedEmbedding.__call__ = _quantized_embedding(kernels, nn.QuantizedEmbedding.__call__)
     # the version names the numerics: prefix-cache fingerprints include it (and the
     # quantized inner loop, whose lanes the scalar fallback reproduces, for the record)
-    _installed = f"mlxd-cpu-2 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
+    _installed = f"mlxd-cpu-3 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
     return _installed

@@ -7,6 +7,7 @@
 #include "attention.h"
 #include "logsumexp.h"
 #include "parallel.h"
+#include "norm_rope.h"
 #include "quantized.h"
 #include "swiglu.h"
 
@@ -56,6 +57,19 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("bits"),
       nb::arg("stream") = nb::none());
   m.def("quantized_isa", &mlxd::quantized_isa);
+  m.def("rms_norm", &mlxd::rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"), nb::kw_only(),
+        nb::arg("stream") = nb::none());
+  m.def(
+      "rope",
+      &mlxd::rope,
+      nb::arg("x"),
+      nb::arg("dims"),
+      nb::kw_only(),
+      nb::arg("traditional"),
+      nb::arg("base"),
+      nb::arg("scale"),
+      nb::arg("offsets"),
+      nb::arg("stream") = nb::none());
   m.attr("decode_tokens") = mlxd::kDecodeTokens;
   m.def("threads", &mlxd::kernel_threads);
 }
