@@ -22,7 +22,7 @@ namespace {
 enum MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
 
 constexpr int kTileRows = 4;   // query rows per register tile
-constexpr int kTileKeys = 16;  // keys per register tile (two vectors)
+constexpr int kTileKeys = 16;  // score rows are padded to a multiple of this (vector loops)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Everything a task needs; copied into the dispatched closure (no references to arrays).
@@ -40,31 +40,13 @@ struct Job {
   int rows_per_item;
 };
 
-// Scores of kTileRows query rows (scaled, D floats each, zero rows past the real ones)
-// against the first `width` keys of kt, stored transposed (D rows of `pitch` floats):
-// scores[r * width + j].
-void score_tile(const float* qs, const float* kt, int64_t pitch, int width, int D, float* scores) {
-  for (int j = 0; j < width; j += kTileKeys) {
-    v8f acc[kTileRows][2] = {};
-    for (int d = 0; d < D; ++d) {
-      const float* kd = kt + d * pitch + j;
-      v8f k0 = load8(kd);
-      v8f k1 = load8(kd + 8);
-      for (int r = 0; r < kTileRows; ++r) {
-        v8f qd = splat(qs[r * D + d]);
-        acc[r][0] += qd * k0;
-        acc[r][1] += qd * k1;
-      }
-    }
-    for (int r = 0; r < kTileRows; ++r) {
-      store8(scores + static_cast<int64_t>(r) * width + j, acc[r][0]);
-      store8(scores + static_cast<int64_t>(r) * width + j + 8, acc[r][1]);
-    }
-  }
-}
-
-// The same scores for a few rows (decode: one query per head) straight from the key rows,
-// one dot product per (row, key): transposing the keys would cost more than using them.
+// Scores of up to kTileRows query rows (scaled, D floats each, zero rows past the real
+// ones) against the first `keys` key rows: scores[r * width + j], one dot product per
+// (row, key) in eight lanes over the head dim. The only scoring, for decode and prefill
+// alike: a row's scores then never depend on how many rows share its call, so a prompt's
+// last token scores the same alone (a decode step) as inside a prefill segment (after a
+// prefix-cache hit). A key-transposed tile was faster for prefill but summed in another
+// order and broke that equality.
 void score_rows_direct(const float* qs, int rows, const float* k, int64_t kstride, int keys, int D,
                        int width, float* scores) {
   const int dv = D / 8;
@@ -77,24 +59,6 @@ void score_rows_direct(const float* qs, int rows, const float* k, int64_t kstrid
     }
     for (int r = 0; r < rows; ++r) scores[static_cast<int64_t>(r) * width + j] = hsum(acc[r]);
   }
-}
-
-// Keys [0, keys) of one (batch, kv head) into kt as D rows of `pitch` floats, zero past
-// `keys` up to `width`. Eight keys at a time, so every write fills a run of 8 floats.
-void transpose_keys(const float* k, int64_t kstride, int keys, int width, int D, float* kt, int64_t pitch) {
-  int j = 0;
-  for (; j + 8 <= keys; j += 8) {
-    const float* rows[8];
-    for (int t = 0; t < 8; ++t) rows[t] = k + (j + t) * kstride;
-    for (int d = 0; d < D; ++d) {
-      float* dst = kt + d * pitch + j;
-      for (int t = 0; t < 8; ++t) dst[t] = rows[t][d];
-    }
-  }
-  for (; j < keys; ++j) {
-    for (int d = 0; d < D; ++d) kt[d * pitch + j] = k[j * kstride + d];
-  }
-  for (int d = 0; d < D; ++d) std::fill(kt + d * pitch + keys, kt + d * pitch + width, 0.0f);
 }
 
 // Masks, exponentiates and normalizes one row of scores in place (keys >= limit get
@@ -159,9 +123,8 @@ int keys_width(int keys) {
   return std::max(kTileKeys, (keys + kTileKeys - 1) / kTileKeys * kTileKeys);
 }
 
-// One block of query rows of one (batch, kv head). `kt` holds that head's keys
-// transposed (pitch floats per row), or is null: then the block transposes them itself.
-void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitch) {
+// One block of query rows of one (batch, kv head).
+void run_item(const Job& job, int64_t item) {
   const int G = job.Hq / job.Hkv;
   const int rows_per_head = G * job.L;  // row r is query position r / G of head r % G
   const int blocks = (rows_per_head + job.rows_per_item - 1) / job.rows_per_item;
@@ -177,15 +140,7 @@ void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitc
   const int width = keys_width(keys);
   const int D = job.D;
 
-  thread_local std::vector<float> own_kt, qs, scores;
-  const float* kt = kt_shared ? kt_shared + bk * D * pitch : nullptr;
-  const bool direct = kt == nullptr && r1 - r0 <= kTileRows;
-  if (kt == nullptr && !direct) {
-    own_kt.resize(static_cast<size_t>(D) * width);
-    transpose_keys(job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, width, D, own_kt.data(), width);
-    kt = own_kt.data();
-    pitch = width;
-  }
+  thread_local std::vector<float> qs, scores;
   qs.resize(static_cast<size_t>(kTileRows) * D);
   scores.resize(static_cast<size_t>(kTileRows) * width);
   const float* vbase = job.v + b * job.vs[0] + kvh * job.vs[1];
@@ -198,12 +153,8 @@ void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitc
       const float* qrow = job.q + b * job.qs[0] + h * job.qs[1] + i * job.qs[2];
       for (int d = 0; d < D; ++d) qs[r * D + d] = qrow[d] * job.scale;
     }
-    if (direct) {
-      score_rows_direct(qs.data(), rows, job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, D, width,
-                        scores.data());
-    } else {
-      score_tile(qs.data(), kt, pitch, width, D, scores.data());
-    }
+    score_rows_direct(qs.data(), rows, job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, D, width,
+                      scores.data());
     float inv[kTileRows] = {};
     float* outs[kTileRows] = {};
     int keys_used = 0;
@@ -226,24 +177,9 @@ void run_item(const Job& job, int64_t item, const float* kt_shared, int64_t pitc
   }
 }
 
-// Every block of rows; when a head's rows span several blocks, its keys are transposed
-// once up front (in parallel over heads) instead of once per block.
+// Every block of rows, across cores.
 void run_job(const Job& job, int64_t items, double work) {
-  const int rows_per_head = (job.Hq / job.Hkv) * job.L;
-  const int blocks = (rows_per_head + job.rows_per_item - 1) / job.rows_per_item;
-  if (blocks == 1) {
-    parallel_for(items, work, [&job](int64_t item) { run_item(job, item, nullptr, 0); });
-    return;
-  }
-  const int64_t heads = static_cast<int64_t>(job.B) * job.Hkv;
-  const int width = keys_width(job.S);
-  std::vector<float> kt(static_cast<size_t>(heads) * job.D * width);
-  parallel_for(heads, static_cast<double>(heads) * job.S * job.D, [&](int64_t bk) {
-    const int b = static_cast<int>(bk / job.Hkv), kvh = static_cast<int>(bk % job.Hkv);
-    transpose_keys(job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], job.S, width, job.D,
-                   kt.data() + bk * job.D * width, width);
-  });
-  parallel_for(items, work, [&](int64_t item) { run_item(job, item, kt.data(), width); });
+  parallel_for(items, work, [&job](int64_t item) { run_item(job, item); });
 }
 
 // Copies `a` into a contiguous buffer when its last axis is strided.

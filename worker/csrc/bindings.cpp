@@ -70,6 +70,5 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("scale"),
       nb::arg("offsets"),
       nb::arg("stream") = nb::none());
-  m.attr("decode_tokens") = mlxd::kDecodeTokens;
   m.def("threads", &mlxd::kernel_threads);
 }

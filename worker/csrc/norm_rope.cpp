@@ -175,7 +175,10 @@ array rms_norm(const array& x, const std::optional<array>& weight, float eps, St
   }
   Stream stream = to_stream(s);
   std::vector<array> inputs = {contiguous(x, false, stream)};
-  if (weight) inputs.push_back(contiguous(*weight, false, stream));
+  if (weight) {  // an evaluated contiguous weight needs no Contiguous node (a dispatch each)
+    bool ready = weight->is_available() && weight->flags().row_contiguous;
+    inputs.push_back(ready ? *weight : contiguous(*weight, false, stream));
+  }
   return array(x.shape(), float32, std::make_shared<RMSNorm>(stream, eps, weight.has_value()), std::move(inputs));
 }
 

@@ -17,11 +17,6 @@
 #include "quantized_gemv.h"
 #include "quantized_layout.h"
 
-// The BLAS MLX itself calls (the worker binds BLIS before MLX loads, else the wheel's).
-extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
-                            const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                            int ldc);
-
 namespace mlxd {
 
 using namespace mlx::core;
@@ -29,8 +24,6 @@ using namespace mlx::core;
 namespace {
 
 constexpr int kBlock = 32;           // values per inner block: the smallest group size
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;  // CBLAS enums
-constexpr int64_t kTileBytes = 4 << 20;  // dequantized weight tile handed to BLAS (prefill)
 
 // ---- scalar versions: the reference, and what runs without AVX2/FMA/F16C ----------
 
@@ -104,35 +97,6 @@ const Isa& isa() {
   return chosen;
 }
 
-// Weight rows [n0, n1) dequantized into dest (row-major, K floats each), across cores.
-void dequant_rows(const Layout& L, const uint8_t* w, const void* s, const void* b, int64_t n0, int64_t n1,
-                  float* dest) {
-  const Isa& f = isa();
-  const int64_t rows_per_item = 8;
-  const int64_t items = (n1 - n0 + rows_per_item - 1) / rows_per_item;
-  parallel_for(items, static_cast<double>(n1 - n0) * L.K * 4, [&](int64_t item) {
-    int64_t first = n0 + item * rows_per_item, last = std::min(n1, first + rows_per_item);
-    for (int64_t n = first; n < last; ++n) {
-      f.dequant(L, L.row(w, s, b, n), 0, L.K, dest + (n - n0) * L.K);
-    }
-  });
-}
-
-// Prefill path: dequantized tiles of weight rows times x through BLAS.
-void gemm(const Layout& L, const uint8_t* w, const void* s, const void* b, const float* x, int64_t M, float* out) {
-  int64_t tile = std::max<int64_t>(16, kTileBytes / (L.K * 4));
-  tile = std::min(tile, L.N);
-  thread_local std::vector<float> buffer;
-  if (static_cast<int64_t>(buffer.size()) < tile * L.K) buffer.resize(tile * L.K);
-  for (int64_t n0 = 0; n0 < L.N; n0 += tile) {
-    int64_t n1 = std::min(L.N, n0 + tile);
-    dequant_rows(L, w, s, b, n0, n1, buffer.data());
-    cblas_sgemm(kRowMajor, kNoTrans, kTrans, static_cast<int>(M), static_cast<int>(n1 - n0),
-                static_cast<int>(L.K), 1.0f, x, static_cast<int>(L.K), buffer.data(), static_cast<int>(L.K), 0.0f,
-                out + n0, static_cast<int>(L.N));
-  }
-}
-
 Layout make_layout(const array& w, const array& scales, int group_size, int bits) {
   Layout L{};
   L.N = w.shape(0);
@@ -164,8 +128,7 @@ void check_weights(const char* op, const array& w, const array& scales, const ar
 
 class QuantizedMatmul : public Primitive {
  public:
-  QuantizedMatmul(Stream stream, int group_size, int bits, bool decode)
-      : Primitive(stream), group_size_(group_size), bits_(bits), decode_(decode) {}
+  QuantizedMatmul(Stream stream, int group_size, int bits) : Primitive(stream), group_size_(group_size), bits_(bits) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
@@ -176,14 +139,9 @@ class QuantizedMatmul : public Primitive {
     encoder.set_output_array(out);
     Layout L = make_layout(w, scales, group_size_, bits_);
     int64_t M = x.size() / L.K;
-    encoder.dispatch([L, M, decode = decode_, xp = x.data<float>(), wp = w.data<uint8_t>(),
-                      sp = scales.data<void>(), bp = biases.data<void>(), op = out.data<float>()]() {
-      if (M == 0) return;
-      if (decode) {
-        gemv(L, wp, sp, bp, xp, M, op);
-      } else {
-        gemm(L, wp, sp, bp, xp, M, op);
-      }
+    encoder.dispatch([L, M, xp = x.data<float>(), wp = w.data<uint8_t>(), sp = scales.data<void>(),
+                      bp = biases.data<void>(), op = out.data<float>()]() {
+      if (M > 0) gemv(L, wp, sp, bp, xp, M, op);
     });
   }
 
@@ -197,12 +155,11 @@ class QuantizedMatmul : public Primitive {
 
   bool is_equivalent(const Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmul&>(other);
-    return o.group_size_ == group_size_ && o.bits_ == bits_ && o.decode_ == decode_;
+    return o.group_size_ == group_size_ && o.bits_ == bits_;
   }
 
  private:
   int group_size_, bits_;
-  bool decode_;
 };
 
 class QuantizedGather : public Primitive {
@@ -250,6 +207,13 @@ class QuantizedGather : public Primitive {
   int group_size_, bits_;
 };
 
+// Weights are evaluated and row-contiguous when a model calls this: a Contiguous node
+// per weight, scale and bias array would cost a dispatch each (~6 us), 3 per matmul.
+array contiguous_input(const array& a, Stream stream) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return contiguous(a, false, stream);
+}
+
 }  // namespace
 
 array quantized_matmul(const array& x, const array& w, const array& scales, const array& biases, int group_size,
@@ -259,13 +223,12 @@ array quantized_matmul(const array& x, const array& w, const array& scales, cons
   if (x.dtype() != float32 || x.ndim() < 1 || x.shape(-1) != K) {
     throw std::invalid_argument("quantized_matmul: x must be float32 with a last axis of K = " + std::to_string(K));
   }
-  bool decode = x.ndim() == 1 || x.shape(-2) <= kDecodeTokens;
   Shape shape = x.shape();
   shape.back() = w.shape(0);
   Stream stream = to_stream(s);
-  return array(std::move(shape), float32, std::make_shared<QuantizedMatmul>(stream, group_size, bits, decode),
-               {contiguous(x, false, stream), contiguous(w, false, stream), contiguous(scales, false, stream),
-                contiguous(biases, false, stream)});
+  return array(std::move(shape), float32, std::make_shared<QuantizedMatmul>(stream, group_size, bits),
+               {contiguous_input(x, stream), contiguous_input(w, stream), contiguous_input(scales, stream),
+                contiguous_input(biases, stream)});
 }
 
 array quantized_gather(const array& w, const array& scales, const array& biases, const array& indices,
@@ -276,7 +239,7 @@ array quantized_gather(const array& w, const array& scales, const array& biases,
   shape.push_back(static_cast<int>(w.shape(1) * 32 / bits));
   Stream stream = to_stream(s);
   return array(std::move(shape), float32, std::make_shared<QuantizedGather>(stream, group_size, bits),
-               {contiguous(w, false, stream), contiguous(scales, false, stream), contiguous(biases, false, stream),
+               {contiguous_input(w, stream), contiguous_input(scales, stream), contiguous_input(biases, stream),
                 contiguous(astype(indices, int32, stream), false, stream)});
 }
 

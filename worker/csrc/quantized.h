@@ -12,11 +12,13 @@ namespace mlxd {
 // K*bits/32 words), `scales` and `biases` (N, K/group_size; float32 or float16) encode:
 // w[n, k] = scales[n, k/g] * q[n, k] + biases[n, k/g]. Returns (..., N) float32.
 //
-// Inputs whose second-to-last axis (tokens per sequence) is at most kDecodeTokens take
-// the decode path: the weights stream once from memory while every row of x is
-// multiplied, each output computed in one fixed order, so a row gives the same bits
-// alone and in any batch. Longer inputs (prefill) dequantize tiles of rows and call the
-// process's BLAS, whose result for a row does not depend on the other rows either.
+// The weights stay packed and stream once from memory while every row of x is multiplied
+// (quantized_gemv.h), each output computed in one fixed order that depends on its own row
+// only. One arithmetic for every shape: a token gives the same bits alone, in a decode
+// batch, or inside a prefill segment of any length, so a prompt computed in other pieces
+// (after a prefix-cache hit, or with its last token split off) gives the same logits.
+// (A prefill path through BLAS on dequantized tiles was ~1.5x faster here but differs
+// in the last bits from the decode path, which broke that equality.)
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,
     const mlx::core::array& w,
@@ -39,7 +41,5 @@ mlx::core::array quantized_gather(
 
 // "avx2" or "scalar": the inner loop chosen for this CPU when the module loaded.
 std::string quantized_isa();
-
-constexpr int kDecodeTokens = 8;
 
 }  // namespace mlxd
