@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ pytestmark = pytest.mark.timeout(1200)
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"  # request bodies captured from the real clients
 KEEPALIVE_S = 2.0  # short, so the replays' prefills show their pings
+# The hang-up test leaves at the first keep-alive after this long: enough for the first
+# 256-token blocks of its 7k-token prompt on a 2-core machine (~70 tok/s cold here).
+HANGUP_AFTER_S = 8.0
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_SCHEMA = {
     "type": "object",
@@ -310,12 +314,13 @@ def test_a_resend_after_a_hangup_resumes_from_the_abandoned_prefill(service: Ser
     with httpx.stream("POST", f"{service.base_url}/v1/messages", json=body, timeout=600) as response:
         assert response.status_code == 200
         start, message_id = None, None
+        began = time.monotonic()
         for event in sse_events_until(response, lambda e: e["type"] == "ping" or e["type"] == "message_start"):
             if event["type"] == "message_start":
                 start, message_id = event["message"]["usage"], event["message"]["id"]
-            else:
+            elif time.monotonic() - began >= HANGUP_AFTER_S:
                 keepalives += 1
-                break  # hang up, mid-prefill
+                break  # hang up, mid-prefill, once the first blocks can have completed
     assert start is not None
     prompt_tokens = start["input_tokens"] + start["cache_read_input_tokens"]
     assert prompt_tokens > 6000
