@@ -298,5 +298,5 @@ def install() -> str:
     nn.QuantizedEmbedding.__call__ = _quantized_embedding(kernels, nn.QuantizedEmbedding.__call__)
     # the version names the numerics: prefix-cache fingerprints include it (and the
     # quantized inner loop, whose lanes the scalar fallback reproduces, for the record)
-    _installed = f"mlxd-cpu-5 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
+    _installed = f"mlxd-cpu-6 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
     return _installed

@@ -1,6 +1,6 @@
 """mlxd's quantized CPU matmul and gather against MLX's own affine quantization.
 
-The weights stay packed; the activations become two int8 digits per block of 32 (~15
+The weights stay packed; the activations become int16 per block of 32 (~15
 bits): within ~1e-4 of the float product, and a token's bits never depend on the rest
 of the batch, on the length of the segment it is computed in, or on which inner loop
 (AVX2 or scalar) ran. That last property is what keeps a prefix-cache hit (which

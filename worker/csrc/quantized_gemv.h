@@ -11,13 +11,14 @@ namespace mlxd {
 // out[m, n] = sum_k x[m, k] * w[n, k] for the M rows of x (M x K floats, row-major).
 //
 // Like llama.cpp, each row of x is first quantized to integers in blocks of 32 (one
-// float scale per block), so the weights' integers meet it in integer multiply-adds
-// (AVX2 maddubs) and are never converted to floats; the group biases meet the sums of
-// the same quantized x, so the result is sum_k w[n, k] * xq[m, k] up to float rounding.
-// Unlike llama.cpp's one int8 digit (Q8), xq has two (~15 bits): one digit moved
-// SmolLM2's greedy answer, two leave it as fp32 gives it. Every output is accumulated in one fixed order that depends on its own row of x
-// only, and the scalar path reproduces the AVX2 lanes exactly: a row gives the same bits
-// alone, in any batch, and on either path.
+// float step per block), so the weights' integers meet it in integer multiply-adds
+// (AVX2 madd) and are never converted to floats; the group biases meet the sums of the
+// same quantized x, so the result is sum_k w[n, k] * xq[m, k] up to float rounding.
+// Unlike llama.cpp's int8 (Q8), xq is int16 (~15 bits): int8 moved SmolLM2's greedy
+// answer, int16 leaves it as fp32 gives it. Every output is accumulated in one fixed
+// order that depends on its own row of x only (whatever tile or chunk computes it), and
+// the scalar path reproduces the AVX2 lanes exactly: a row gives the same bits alone,
+// in any batch, and on either path.
 void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* biases, const float* x, int64_t M,
           float* out);
 
