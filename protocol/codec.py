@@ -16,6 +16,7 @@ from typing import Any
 
 import msgpack
 
+from protocol.encoder_messages import FRAME
 from protocol.errors import ProtocolError
 from protocol.messages import MESSAGE_TYPES, EventBatch, Message
 
@@ -57,9 +58,20 @@ def _from_plain(cls: type, data: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
+@functools.cache
+def _frame_fields(cls: type) -> tuple[str, ...]:
+    """Fields of message class `cls` that travel as extra frames (metadata FRAME)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(FRAME))
+
+
 def encode(message: Message, frames: Sequence[Buffer] = ()) -> list[Buffer]:
-    """Message (+ tensor buffers) -> the list of ZMQ frames to send."""
+    """Message (+ tensor buffers) -> the list of ZMQ frames to send. A field marked FRAME
+    goes after `frames` as a frame of its own; the body holds its frame index."""
     body = _to_plain(message)  # carries its `type` tag
+    frames = list(frames)
+    for name in _frame_fields(type(message)):
+        frames.append(body[name])
+        body[name] = len(frames) - 1
     body["num_frames"] = len(frames)
     return [msgpack.packb(body, use_bin_type=True), *frames]
 
@@ -82,7 +94,14 @@ def decode(parts: Sequence[Buffer]) -> tuple[Message, list[Buffer]]:
     frames = list(parts[1:])
     if len(frames) != num_frames:
         raise ProtocolError(f"{tag}: expected {num_frames} extra frames, got {len(frames)}")
-    return _build(body), frames
+    message = _build(body)
+    for name in _frame_fields(type(message)):
+        index = getattr(message, name)
+        if not isinstance(index, int) or not 0 <= index < len(frames):
+            raise ProtocolError(f"{tag}: {name} names no extra frame")
+        frame = frames[index]
+        setattr(message, name, frame.bytes if hasattr(frame, "bytes") else frame)
+    return message, frames
 
 
 def _build(body: Any) -> Message:

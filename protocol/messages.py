@@ -15,6 +15,9 @@ from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: impor
     KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
     KVLookup, KVLookupResult, KVPut, KVStats, KVStatsResult,
 )
+from protocol.encoder_messages import (  # noqa: F401  (the encoder workers' messages, re-exported)
+    EmbeddingsEvent, EmbedRequest, RerankEvent, RerankRequest,
+)
 from protocol.message_base import MESSAGE_TYPES, PROTOCOL_VERSION, Message  # noqa: F401  (re-exported)
 from protocol.settings import KVStoreSettings, WorkerSettings
 from protocol.tool_dialects import MLXD
@@ -46,6 +49,7 @@ class WorkerConfig(Message):
     settings: WorkerSettings = field(default_factory=WorkerSettings)
     hot_tier_bytes: int = 0  # this worker's hot-tier budget, sized by the pool from the memory budget
     kvstore_address: str = ""  # the SSD cold tier; empty: hot tier only
+    kind: str = "chat"  # chat | embedding | reranker: which loop the worker runs
 
 
 @dataclass
@@ -73,6 +77,8 @@ class Ready(Message):
     # how the model calls tools (protocol.tool_dialects), detected from its chat template:
     # the router parses answers and builds forced-call grammars in it
     tool_dialect: str = MLXD
+    kind: str = "chat"  # chat | embedding | reranker
+    dimensions: int = 0  # an embedding model's vector size
 
 
 KVSTORE_ROLE = "kvstore"  # the Hello.role a kvstore sends and its supervisor expects

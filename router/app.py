@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from router import admin, admin_cache
-from router.api import health, models, openai_chat, openai_completions, openai_responses
+from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.api_keys import KeyState, key_ring
 from router.auth import APIKeyMiddleware
@@ -63,6 +63,9 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
         Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
         Route("/v1/completions", openai_completions.completions, methods=["POST"]),
         Route("/v1/responses", openai_responses.responses, methods=["POST"]),
+        Route("/v1/embeddings", openai_embeddings.embeddings, methods=["POST"]),
+        Route("/v1/rerank", rerank.rerank, methods=["POST"]),
+        Route("/v2/rerank", rerank.rerank, methods=["POST"]),  # Cohere's v2 path, same body
         Route("/admin/status", admin.status, methods=["GET"]),
         Route("/admin/models/{model_id:path}/load", admin.load_model, methods=["POST"]),
         Route("/admin/models/{model_id:path}/unload", admin.unload_model, methods=["POST"]),

@@ -131,6 +131,11 @@ class RouterConfig:
         "--model-dir; default: the provisioned SmolLM2-135M-Instruct",
     )
     model_dir: Path | None = setting(None, "where model names are looked up (default HOME/models)")
+    embedding_model: str = setting(
+        "all-MiniLM-L6-v2",
+        "the embedding model /v1/models lists from the start, fetched into the model dir on its first use "
+        "(/v1/embeddings, /v1/rerank); a name mlxd can pull; '' lists none beyond those in the model dir",
+    )
     memory_budget_bytes: int = setting(
         0,
         "memory all loaded models may use together; over it, idle unpinned models are unloaded; 0: total "

@@ -18,8 +18,6 @@ from router.model_registry import discover
 # lives in MODELS/.pull-NAME, and a pulled directory records its source in this file.
 STAGING_PREFIX = ".pull-"
 PULL_MARKER = ".mlxd-pull.json"
-# sentence-transformers' own files: an embedding model, whatever its architecture says
-SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 DTYPE_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "I8": "int8",
                "U8": "uint8", "U32": "uint32", "F8_E4M3": "float8_e4m3", "F8_E5M2": "float8_e5m2"}
 
@@ -54,7 +52,7 @@ def scan(models_dir: Path) -> list[ModelOnDisk]:
                                       "gguf", None))
             continue
         config = _read_json(entry.path / "config.json") or {}
-        models.append(ModelOnDisk(entry.id, entry.path, size_on_disk(entry.path), kind_of(entry.path, entry.kind),
+        models.append(ModelOnDisk(entry.id, entry.path, size_on_disk(entry.path), entry.kind,
                                   quantization_of(entry.path, config), _source(entry.path)))
     return models
 
@@ -79,14 +77,6 @@ def size_on_disk(path: Path) -> int:
                 seen.add((info.st_dev, info.st_ino))
                 total += info.st_size
     return total
-
-
-def kind_of(model_dir: Path, registry_kind: str) -> str:
-    """The service's kind (from config.json's architecture), or "embedding" for a
-    sentence-transformers model whose architecture is a chat model's (e.g. Qwen3-Embedding)."""
-    if registry_kind == "chat" and any((model_dir / name).is_file() for name in SENTENCE_TRANSFORMERS_FILES):
-        return "embedding"
-    return registry_kind
 
 
 def quantization_of(model_dir: Path, config: dict[str, Any]) -> str:

@@ -19,6 +19,8 @@ from protocol.served_quantization import served_quantized
 
 logger = logging.getLogger(__name__)
 
+# sentence-transformers' own files: an embedding model, whatever its architecture says
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 EMBEDDING_TYPES = {"bert", "roberta", "xlm-roberta", "nomic_bert", "distilbert", "modernbert"}
 # Python + MLX + tokenizer in a worker before any weights
 RUNTIME_OVERHEAD_BYTES = 300 << 20
@@ -37,13 +39,22 @@ class ModelEntry:
     def needs_conversion(self) -> bool:
         return self.path.suffix.lower() == ".gguf"
 
+    @property
+    def needs_provision(self) -> bool:
+        """A catalog model listed before it is on disk: fetched by name on first load."""
+        return not self.path.exists()
 
-def model_kind(config: dict[str, Any]) -> str:
-    """chat LLM, embedding model or reranker (cross-encoder), from its config.json."""
+
+def model_kind(config: dict[str, Any], model_dir: Path | None = None) -> str:
+    """chat LLM, embedding model or reranker (cross-encoder), from its config.json; a
+    decoder LLM with sentence-transformers' files beside it (Qwen3-Embedding: pooled
+    on its last token) is an embedding model too."""
     architectures = " ".join(config.get("architectures") or [])
     if "ForSequenceClassification" in architectures:
         return "reranker"
     if config.get("model_type") in EMBEDDING_TYPES:
+        return "embedding"
+    if model_dir is not None and any((model_dir / name).is_file() for name in SENTENCE_TRANSFORMERS_FILES):
         return "embedding"
     return "chat"
 
@@ -108,7 +119,17 @@ def _entry_for_dir(model_id: str, path: Path, dequantize_all: bool = False) -> M
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return ModelEntry(model_id, path, model_kind(config), estimate_weights_bytes(path, config, dequantize_all))
+    return ModelEntry(model_id, path, model_kind(config, path), estimate_weights_bytes(path, config, dequantize_all))
+
+
+# a provisionable model's estimate before its files exist (all-MiniLM-L6-v2 serves ~90 MB)
+UNFETCHED_WEIGHTS_BYTES = 128 << 20
+
+
+def provisioned_entry(model_id: str, models_dir: Path, kind: str) -> ModelEntry:
+    """The entry of a model mlxd can pull, by its directory name in `models_dir`: listed
+    before it is fetched (`needs_provision`), with a nominal size until then."""
+    return ModelEntry(model_id, models_dir / model_id, kind, UNFETCHED_WEIGHTS_BYTES)
 
 
 def discover(models_dir: Path, dequantize_all: bool = False) -> dict[str, ModelEntry]:

@@ -25,7 +25,7 @@ from protocol.sockets import claim_runtime_dir, ipc_address
 from router import model_registry
 from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
-from router.model_files import convert_once
+from router.model_files import ModelNotFound, convert_once, provision
 from router.model_aliases import DEFAULT_TARGET, AliasLog, match_alias
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
 from router.profiles import Profile, split_model_name
@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 EVICT_WAIT_S = 60.0  # how long a load waits for busy models to become evictable
 _TTL_CHECK_S = 1.0
 _RECENT = 20  # finished requests kept per model for recent tok/s
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 class WorkerPool:
@@ -58,6 +62,10 @@ class WorkerPool:
         self.registry: dict[str, ModelEntry] = model_registry.discover(config.models_dir, self.dequantize_all)
         for model_id, path in models.items():  # given on the command line: served first
             self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
+        if config.embedding_model and config.embedding_model not in self.registry:
+            # listed from the start, fetched on its first use (`load`)
+            self.registry[config.embedding_model] = model_registry.provisioned_entry(
+                config.embedding_model, config.models_dir, "embedding")
         self.preload = list(models)
         self.pinned: set[str] = set(config.pinned)  # admin pin/unpin change it at run time
         self.aliases = dict(config.alias_targets)
@@ -240,12 +248,14 @@ class WorkerPool:
                              "or send it a request")
         return supervisor
 
-    async def acquire(self, model_id: str) -> WorkerSupervisor:
+    async def acquire(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> WorkerSupervisor:
         """The ready worker for a model id from `resolve` (loading it, evicting others, if
-        needed)."""
+        needed); a 400 naming what it is unless its kind is one of `kinds` (what `task` needs)."""
         entry = self.registry[model_id]
-        if entry.kind != "chat":
-            raise RequestError(f"model '{model_id}' is a {entry.kind} model; it cannot serve completions",
+        if entry.kind not in kinds:
+            wanted = " or ".join(kinds)
+            raise RequestError(f"model '{model_id}' is a {entry.kind} model, not {_article(wanted)} {wanted} model; "
+                               f"it cannot serve {task} (models that can: {', '.join(self.of_kinds(kinds)) or 'none'})",
                                param="model", code="wrong_model_kind")
         self.last_used[model_id] = time.time()
         supervisor = self.supervisors.get(model_id)
@@ -258,8 +268,13 @@ class WorkerPool:
 
     # ------------------------------------------------------------ load / unload
 
+    def of_kinds(self, kinds: Sequence[str]) -> list[str]:
+        return [model_id for model_id in self.models if self.registry[model_id].kind in kinds]
+
     def need_bytes(self, entry: ModelEntry) -> int:
-        return entry.weights_bytes + self.hot_tier_bytes() + RUNTIME_OVERHEAD_BYTES
+        """Weights + runtime, and a hot tier for a chat model (encoders keep no KV cache)."""
+        hot_tier = self.hot_tier_bytes() if entry.kind == "chat" else 0
+        return entry.weights_bytes + hot_tier + RUNTIME_OVERHEAD_BYTES
 
     def hot_tier_bytes(self) -> int:
         """Each worker's hot-tier budget: as configured, or an eighth of the budget."""
@@ -304,9 +319,21 @@ class WorkerPool:
                 self.states[model_id] = "converting"
                 path = await asyncio.to_thread(convert_once, entry.path, self.config.models_dir)
                 entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
-            supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command)
-            supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
-            supervisor.hot_tier_bytes = self.hot_tier_bytes()
+            elif entry.needs_provision:
+                self.states[model_id] = "provisioning"
+                try:
+                    path = await asyncio.to_thread(provision, self.config.home, model_id, self.config.models_dir)
+                except ModelNotFound as exc:
+                    raise RequestError(f"model '{model_id}' could not be fetched: {exc}", status=503,
+                                       error_type="server_error", code="model_unavailable") from None
+                finally:
+                    self.states.pop(model_id, None)
+                entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
+            supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command,
+                                          kind=entry.kind)
+            if entry.kind == "chat":
+                supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
+                supervisor.hot_tier_bytes = self.hot_tier_bytes()
             self.supervisors[model_id] = supervisor
             self.states[model_id] = "loading"
             logger.info("loading %s (needs ~%.2f GB; %.2f of %.2f GB in use)", model_id, need / 1e9,

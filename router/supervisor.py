@@ -48,9 +48,10 @@ class WorkerSupervisor(ChildSupervisor):
     starting_state = "loading"
 
     def __init__(self, model_id: str, model_path: Path, config: RouterConfig, client: WorkerClient,
-                 worker_command: Sequence[str] = DEFAULT_WORKER_COMMAND) -> None:
+                 worker_command: Sequence[str] = DEFAULT_WORKER_COMMAND, kind: str = "chat") -> None:
         super().__init__(model_id, f"worker for '{model_id}'", config, client)
         self.model_id = model_id
+        self.kind = kind  # chat | embedding | reranker: sent in the handshake, picks the worker's loop
         self.model_path = model_path
         self.worker_command = tuple(worker_command)
         self.ready: Ready | None = None
@@ -84,6 +85,9 @@ class WorkerSupervisor(ChildSupervisor):
             info["dtype"] = self.ready.dtype
             info["quantization"] = self.ready.quantization
             info["weights_bytes"] = self.ready.weights_bytes
+            info["kind"] = self.ready.kind
+            if self.ready.dimensions:
+                info["dimensions"] = self.ready.dimensions
         if self.identity is not None:
             info["num_requests"] = self.client.num_open_requests(self.identity)
         if self.last_pong is not None and self.state == "ready":
@@ -128,4 +132,4 @@ class WorkerSupervisor(ChildSupervisor):
     def _worker_config(self) -> WorkerConfig:
         return WorkerConfig(protocol_version=PROTOCOL_VERSION, model_id=self.model_id, model_path=str(self.model_path),
                             settings=self.config.worker, hot_tier_bytes=self.hot_tier_bytes,
-                            kvstore_address=self.kvstore_address)
+                            kvstore_address=self.kvstore_address, kind=self.kind)

@@ -30,12 +30,16 @@ from protocol.messages import (
     CacheCleared,
     ClearCache,
     CountTokens,
+    EmbeddingsEvent,
+    EmbedRequest,
     ErrorEvent,
     EventBatch,
     FinishEvent,
     Message,
     ProgressEvent,
     PromptEvent,
+    RerankEvent,
+    RerankRequest,
     TokenCount,
     TokenEvent,
 )
@@ -43,9 +47,11 @@ from protocol.sockets import make_socket
 
 logger = logging.getLogger(__name__)
 
-REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent, TokenCount, CacheCleared)
-TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount, CacheCleared)
-StreamRequest = AddRequest | CountTokens | ClearCache  # what opens a RequestStream
+REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent, TokenCount, CacheCleared,
+                  EmbeddingsEvent, RerankEvent)
+TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount, CacheCleared, EmbeddingsEvent, RerankEvent)
+# what opens a RequestStream
+StreamRequest = AddRequest | CountTokens | ClearCache | EmbedRequest | RerankRequest
 
 PeerHandler = Callable[[Message], None]
 
@@ -293,5 +299,5 @@ class WorkerClient:
                 self._undelivered(message, f"the request could not be sent to the worker ({exc!r})")
 
     def _undelivered(self, message: Message, reason: str) -> None:
-        if isinstance(message, (AddRequest, CountTokens, ClearCache)) and message.request_id in self._requests:
+        if isinstance(message, StreamRequest) and message.request_id in self._requests:
             self._requests[message.request_id].fail(WorkerDead(reason))

@@ -165,6 +165,10 @@ def run_worker(address: str, identity: str, blas: str) -> int:
 
 
 def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, flags: _Flags) -> int:
+    if config.kind != "chat":  # an embedding model or a reranker: a loop of its own
+        from worker.encoder_loop import serve_encoder
+
+        return serve_encoder(channel, config, blas, parent_pid, flags)
     settings = config.settings
     # Imported here so the BLAS binding in __main__ happens before MLX loads.
     from worker.engine import Engine

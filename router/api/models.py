@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError
 from router.api import anthropic_errors
 from router.api.openai_format import model_card
+from router.encoder_requests import rerank_method
 from router.pool import WorkerPool
 
 
@@ -22,8 +23,13 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
                              "pinned": model_id in pool.pinned}
     if profile is not None:
         extra["profile_of"] = model_id
+    kind = pool.registry[model_id].kind
+    if kind != "chat":  # what /v1/rerank runs on it
+        extra["rerank_method"] = rerank_method(kind)
     if supervisor is not None and supervisor.ready is not None:
         extra["context_length"] = supervisor.ready.context_length
+        if supervisor.ready.dimensions:
+            extra["dimensions"] = supervisor.ready.dimensions
     return model_card(name, pool.created, **extra)
 
 
@@ -44,7 +50,9 @@ def _is_anthropic(request: Request) -> bool:
 async def list_models(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
     profiles = sorted(pool.config.profiles)
-    names = [*pool.models, *(p for p in profiles if p not in pool.registry)]
+    # chat models first: clients that take the first listed model mean one they can chat with
+    models = sorted(pool.models, key=lambda m: pool.registry[m].kind != "chat")
+    names = [*models, *(p for p in profiles if p not in pool.registry)]
     if _is_anthropic(request):  # one page with everything: nothing to page through
         return JSONResponse({"data": [_anthropic_card(pool, m) for m in names], "has_more": False,
                              "first_id": names[0] if names else None, "last_id": names[-1] if names else None})

@@ -42,7 +42,10 @@ def test_health_and_models(router: RunningRouter) -> None:
         assert worker["restarts"] == 0 and worker["last_error"] is None
         models = client.get("/v1/models").json()
         assert models["object"] == "list"
-        assert [(m["id"], m["object"], m["owned_by"]) for m in models["data"]] == [(MODEL_ID, "model", "mlxd")]
+        # the chat model first, then the default embedding model, listed before it is fetched
+        assert [(m["id"], m["object"], m["owned_by"], m["kind"]) for m in models["data"]] == [
+            (MODEL_ID, "model", "mlxd", "chat"), ("all-MiniLM-L6-v2", "model", "mlxd", "embedding")]
+        assert models["data"][1]["state"] == "unloaded" and models["data"][1]["rerank_method"] == "cosine"
         assert client.get(f"/v1/models/{MODEL_ID}").json()["id"] == MODEL_ID
         missing = client.get("/v1/models/nope")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
@@ -194,7 +197,7 @@ def test_openai_sdk(router: RunningRouter) -> None:
     assert "".join(parts) == REPLY
     with pytest.raises(openai.NotFoundError):
         sdk.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
-    assert [m.id for m in sdk.models.list()] == [MODEL_ID]
+    assert [m.id for m in sdk.models.list()] == [MODEL_ID, "all-MiniLM-L6-v2"]  # chat first, then the embedder
 
 
 def test_concurrent_requests(router: RunningRouter) -> None:
