@@ -125,3 +125,37 @@ def test_a_cross_encoder_scores_like_its_numpy_forward(embedding_model_dir: Path
         pooled = np.tanh(hidden[0] @ weights["bert.pooler.dense.weight"].T + weights["bert.pooler.dense.bias"])
         logit = pooled @ weights["classifier.weight"][0] + weights["classifier.bias"][0]
         assert score == pytest.approx(1 / (1 + math.exp(-logit)), abs=1e-4)
+
+
+def test_a_decoder_llm_pools_its_last_token(default_model_dir: Path, tmp_path: Path) -> None:
+    """A decoder LLM whose sentence-transformers config asks for last-token pooling (as
+    Qwen3-Embedding's does): a tiny random llama with SmolLM2's tokenizer. Each text's
+    vector is the final hidden state of its own last token, also in a right-padded batch."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from router.model_registry import model_kind
+    from tests.worker.tiny_models import ARCHS, make_tiny
+
+    tiny = make_tiny("llama", default_model_dir)
+    directory = tmp_path / "tiny-embedder"
+    (directory / "1_Pooling").mkdir(parents=True)
+    config = {**ARCHS["llama"], "architectures": ["LlamaForCausalLM"]}
+    (directory / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(tiny.model.parameters())))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir / name, directory / name)
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 64, "pooling_mode_lasttoken": True, "pooling_mode_mean_tokens": False}))
+    assert model_kind(config, directory) == "embedding" and model_kind(config) == "chat"
+    encoder = TextEncoder(directory, "embedding")
+    assert (encoder.pooling.mode, encoder.pooling.normalize, encoder.dimensions) == ("last", True, 64)
+    rows = encoder.tokenize(SENTENCES)
+    got = encoder.embed(rows)
+    for row, vector in zip(rows, got, strict=True):
+        hidden = np.array(tiny.model.model(mx.array([row]))[0, -1])
+        np.testing.assert_allclose(vector, hidden / np.linalg.norm(hidden), atol=1e-5)
