@@ -26,8 +26,10 @@ def chat(client, model_id, **kwargs):
 
 
 def test_models_lists_the_default_model(client, model_id) -> None:
-    ids = [m.id for m in client.models.list().data]
-    assert ids == [model_id]
+    """The chat model first (clients take the first entry), then the default embedding
+    model, listed from the start and fetched on its first use."""
+    models = client.models.list().data
+    assert [(m.id, m.kind) for m in models] == [(model_id, "chat"), ("all-MiniLM-L6-v2", "embedding")]
     assert model_id == "SmolLM2-135M-Instruct"
 
 
