@@ -73,14 +73,42 @@ THREADS = len(os.sched_getaffinity(0))
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLAMACPP_DIR = REPO / ".cache" / "llama.cpp"
 LLAMACPP_SOURCE = LLAMACPP_DIR / f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}" / "vendor" / "llama.cpp"
-LLAMACPP_BINARY = LLAMACPP_SOURCE / "build" / "bin" / "llama-server"
-LLAMACPP_BUILD_COMMANDS = (
-    ["cmake", "-B", "build", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF"],
-    ["cmake", "--build", "build", "--target", "llama-server", "-j", str(THREADS)],
-)
+LLAMACPP_BUILD_DIR = "build-cpu"  # not "build": a GGML_NATIVE build of an earlier run may hold AMX code
+LLAMACPP_BINARY = LLAMACPP_SOURCE / LLAMACPP_BUILD_DIR / "bin" / "llama-server"
+# ggml's x86 ISA options and the /proc/cpuinfo flag each needs. AMX is left out on
+# purpose: VMs (Firecracker here) advertise amx_tile in CPUID without enabling its
+# register state, so a GGML_NATIVE build dies with SIGILL at `tilezero` in its first
+# matmul. Everything else the CPU has, llama.cpp gets.
+GGML_X86_OPTIONS = (("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_BMI2", "bmi2"), ("GGML_FMA", "fma"),
+                    ("GGML_F16C", "f16c"), ("GGML_AVX_VNNI", "avx_vnni"), ("GGML_AVX512", "avx512f"),
+                    ("GGML_AVX512_VBMI", "avx512vbmi"), ("GGML_AVX512_VNNI", "avx512_vnni"),
+                    ("GGML_AVX512_BF16", "avx512_bf16"))
+
+
+def _cpu_flags() -> set[str]:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def llamacpp_build_commands() -> list[list[str]]:
+    """cmake's configure and build commands: on x86 Linux each ISA option ggml has, set
+    from what this CPU lists (AMX never); elsewhere GGML_NATIVE."""
+    flags = _cpu_flags()
+    if flags and "avx" in flags:
+        isa = ["-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if flag in flags else 'OFF'}"
+                                       for option, flag in GGML_X86_OPTIONS)]
+    else:
+        isa = ["-DGGML_NATIVE=ON"]
+    return [["cmake", "-B", LLAMACPP_BUILD_DIR, "-DCMAKE_BUILD_TYPE=Release", *isa, "-DLLAMA_CURL=OFF"],
+            ["cmake", "--build", LLAMACPP_BUILD_DIR, "--target", "llama-server", "-j", str(THREADS)]]
+
+
 # What the build's CMakeCache.txt says about the kernels llama.cpp runs.
 LLAMACPP_CMAKE_KEYS = ("CMAKE_BUILD_TYPE", "GGML_NATIVE", "GGML_BLAS", "GGML_BLAS_VENDOR", "GGML_OPENMP",
-                       "GGML_LLAMAFILE", "GGML_CPU_REPACK")
+                       "GGML_LLAMAFILE", "GGML_CPU_REPACK", *(option for option, _ in GGML_X86_OPTIONS))
 
 REPEAT_KEYS = ("aggregate_tok_s", "ttft_p50_s", "stream_decode_tok_s_mean", "other_cpu_cores", "error")
 RSS_INTERVAL_S = 0.2
@@ -124,7 +152,7 @@ def ensure_llama_server() -> Path:
         (staging / LLAMACPP_SOURCE.parents[1].name).rename(LLAMACPP_SOURCE.parents[1])
         staging.rmdir()
     log("building llama-server in %s (takes minutes; later runs reuse it)", LLAMACPP_SOURCE)
-    for command in LLAMACPP_BUILD_COMMANDS:
+    for command in llamacpp_build_commands():
         log("running %s", shlex.join(command))
         subprocess.run(command, cwd=LLAMACPP_SOURCE, check=True, stdout=sys.stderr)
     return LLAMACPP_BINARY
@@ -134,7 +162,7 @@ def llamacpp_build_info(binary: Path) -> dict[str, Any]:
     """Which llama.cpp this is and how it was built: its --version, its git commit (the
     sdist ships the submodule's git directory), the build's cmake options and the flags
     its CPU kernels were compiled with (GGML_NATIVE: -march=native, resolved by gcc)."""
-    build = LLAMACPP_SOURCE / "build"
+    build = LLAMACPP_SOURCE / LLAMACPP_BUILD_DIR
     text = _output([str(binary), "--version"])
     commit = _output(["git", "rev-parse", "HEAD"], cwd=LLAMACPP_SOURCE).strip()
     cmake_cache: dict[str, str] = {}
@@ -155,7 +183,7 @@ def llamacpp_build_info(binary: Path) -> dict[str, Any]:
         "version": " ".join(re.findall(r"^version: .*$", text, re.M)) or None,
         "built_with": " ".join(re.findall(r"^built with .*$", text, re.M)) or None,
         "commit": commit if re.fullmatch(r"[0-9a-f]{40}", commit) else None,
-        "build_commands": [shlex.join(c) for c in LLAMACPP_BUILD_COMMANDS],
+        "build_commands": [shlex.join(c) for c in llamacpp_build_commands()],
         "cmake": cmake_cache,
         "cpu_kernel_cxx_flags": cpu_flags,
         "march_native": march.group(1) if march else None,

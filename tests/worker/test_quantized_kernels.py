@@ -124,21 +124,27 @@ print(kernels.quantized_isa())
 """
 
 
-def test_scalar_loop_gives_the_avx2_bits(tmp_path) -> None:
-    """The fallback for CPUs without AVX2 reproduces the vector lanes exactly, so the
-    prefix-cache fingerprint need not tell them apart."""
-    if kernels.quantized_isa() != "avx2":
+def test_every_inner_loop_gives_the_same_bits(tmp_path) -> None:
+    """The AVX-VNNI loop, the AVX2 loop and the scalar fallback for CPUs without AVX2
+    give the same bits, so the prefix-cache fingerprint need not tell them apart."""
+    best = kernels.quantized_isa()
+    if best == "scalar":
         pytest.skip("this CPU runs the scalar loop only")
+    paths = {"avx-vnni": ("avx-vnni", "avx2", "scalar"), "avx2": ("avx2", "scalar")}[best]
     results = {}
-    for isa in ("avx2", "scalar"):
-        env = {**os.environ, "MLXD_QUANTIZED_ISA": isa}
+    for isa in paths:
+        env = {**os.environ}
+        env.pop("MLXD_QUANTIZED_ISA", None)
+        if isa != best:
+            env["MLXD_QUANTIZED_ISA"] = isa
         path = tmp_path / f"{isa}.npy"
         run = subprocess.run([sys.executable, "-c", _SCALAR_CHECK, str(path)], env=env, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip() == isa
         results[isa] = np.load(path)
-    np.testing.assert_array_equal(results["avx2"], results["scalar"])
+    for isa in paths[1:]:
+        np.testing.assert_array_equal(results[best], results[isa], err_msg=isa)
 
 
 def test_installed_kernels_serve_quantized_layers() -> None:
@@ -161,4 +167,4 @@ assert odd(x).shape == (1, 1, 48)
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "quantized avx2" in result.stdout or "quantized scalar" in result.stdout
+    assert any(f"quantized {isa})" in result.stdout for isa in ("avx-vnni", "avx2", "scalar")), result.stdout

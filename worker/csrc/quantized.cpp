@@ -90,7 +90,7 @@ struct Isa {
 const Isa& isa() {
   static const Isa chosen = [] {
 #if defined(__x86_64__)
-    if (std::string(gemv_isa()) == "avx2") return Isa{dequant_avx2, "avx2"};
+    if (std::string(gemv_isa()) != "scalar") return Isa{dequant_avx2, gemv_isa()};
 #endif
     return Isa{dequant_scalar, "scalar"};
   }();

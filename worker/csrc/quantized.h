@@ -39,7 +39,7 @@ mlx::core::array quantized_gather(
     int bits,
     mlx::core::StreamOrDevice s = {});
 
-// "avx2" or "scalar": the inner loop chosen for this CPU when the module loaded.
+// "avx-vnni", "avx2" or "scalar": the inner loop chosen for this CPU when the module loaded.
 std::string quantized_isa();
 
 }  // namespace mlxd

@@ -22,7 +22,7 @@ namespace mlxd {
 void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* biases, const float* x, int64_t M,
           float* out);
 
-// "avx2" or "scalar": the decode loop chosen for this CPU.
+// "avx-vnni", "avx2" or "scalar": the inner loop chosen for this CPU.
 const char* gemv_isa();
 
 }  // namespace mlxd
