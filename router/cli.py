@@ -313,6 +313,10 @@ def _listen_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted connections inherit it. Without it, on a keep-alive connection (every
+    # SDK client) each answer's second write waited for the client's delayed ACK:
+    # ~40 ms per request (measured 44 ms for GET /v1/models, 1 ms with it).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError:

@@ -15,6 +15,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from worker.cpu_kernels import encoder_ops
+
 # model types whose position ids start after the padding index (fairseq's convention)
 OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert"}
 
@@ -62,12 +64,16 @@ class BertArgs:
 
 def _activation(name: str) -> Any:
     if name in ("gelu", "gelu_python"):
-        return nn.gelu  # the erf form, as HF's "gelu"
+        return encoder_ops()[0] or nn.gelu  # the erf form, as HF's "gelu"
     if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
         return nn.gelu_approx
     if name == "relu":
         return nn.relu
     raise ValueError(f"unsupported hidden_act {name!r} in config.json")
+
+
+def _mlx_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 
 class Embeddings(nn.Module):
@@ -102,6 +108,7 @@ class Layer(nn.Module):
         self.output = nn.Linear(args.intermediate_size, h)
         self.output_norm = nn.LayerNorm(h, eps=eps)
         self.act = _activation(args.hidden_act)
+        self.attend = encoder_ops()[1] or _mlx_attention
 
     def __call__(self, x: mx.array, mask: mx.array) -> mx.array:
         batch, length, hidden = x.shape
@@ -110,7 +117,7 @@ class Layer(nn.Module):
             return t.reshape(batch, length, self.num_heads, -1).transpose(0, 2, 1, 3)
 
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        attended = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        attended = self.attend(q, k, v, self.scale, mask)
         attended = attended.transpose(0, 2, 1, 3).reshape(batch, length, hidden)
         x = self.attention_norm(x + self.attention_out(attended))
         return self.output_norm(x + self.output(self.act(self.intermediate(x))))

@@ -63,6 +63,7 @@ def _self_test(kernels: Any) -> str | None:
         want_lse = _stock_logsumexp(rows, axis=-1, keepdims=True)
         err = max(mx.abs(want - got).max().item(), mx.abs(want_act - kernels.swiglu(gate, up)).max().item(),
                   mx.abs(want_lse - kernels.logsumexp_last(rows, keepdims=True)).max().item(),
+                  mx.abs(nn.gelu(rows * 4) - kernels.gelu(rows * 4)).max().item(),
                   mx.abs(_stock_rms_norm(rows, None, 1e-5) - kernels.rms_norm(rows, None, 1e-5)).max().item(),
                   mx.abs(_stock_rope(q, 16, traditional=False, base=1e4, scale=1.0, offset=3)
                          - kernels.rope(q, 16, traditional=False, base=1e4, scale=1.0,
@@ -252,6 +253,26 @@ def _rope(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.a
                         stream=stream)
 
     return rope
+
+
+def encoder_ops() -> tuple[Callable[[mx.array], mx.array] | None, Callable[..., mx.array] | None]:
+    """(gelu, attention) from the kernels for BERT-family encoders, or (None, None) where
+    the kernels do not run (another device, not built, failed self-test). MLX's CPU erf
+    and masked attention were ~90% of a MiniLM forward pass: at batch 32 x 24 tokens,
+    36 ms vs 0.9 ms per GELU and ~40 ms per attention call."""
+    if not install().startswith("mlxd-cpu"):
+        return None, None
+    kernels = _load_extension()
+
+    def gelu(x: mx.array) -> mx.array:
+        return kernels.gelu(x) if x.dtype == mx.float32 else nn.gelu(x)
+
+    def stock(q: mx.array, k: mx.array, v: mx.array, cache: Any, scale: float, mask: Any,
+              sinks: mx.array | None = None) -> mx.array:
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+    attend = _attention(kernels, stock)
+    return gelu, lambda q, k, v, scale, mask: attend(q, k, v, None, scale=scale, mask=mask)
 
 
 def install() -> str:

@@ -35,6 +35,7 @@ from protocol.messages import (
     StartupFailed,
     WorkerConfig,
 )
+from worker.cpu_kernels import install as install_cpu_kernels
 from worker.length_buckets import plan_batches
 from worker.text_encoder import TextEncoder
 
@@ -218,6 +219,7 @@ def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, parent_pid:
         max_num_seqs=MAX_BATCH_ROWS, prefill_chunk_tokens=MAX_BATCH_TOKENS, block_tokens=0, dtype="float32",
         device="cpu", blas=blas, load_time_s=encoder.load_time_s, weights_bytes=encoder.weights_bytes,
         vocab_size=encoder.vocab_size, kind=config.kind, dimensions=encoder.dimensions,
+        attention=install_cpu_kernels(),  # BERT's GELU and attention run on them when they passed
     ))
     worker = EncoderWorker(encoder, config.model_id, channel.send)
     window_s = config.settings.batch_window_ms / 1000
@@ -232,16 +234,24 @@ def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, parent_pid:
             worker.step()  # what arrived is answered: an encoder step is short
             log.info("shut down cleanly")
             return 0
-        timeout_ms = _IDLE_POLL_MS
         oldest = worker.oldest_arrival
-        if oldest is not None:  # gather: more clients' inputs may be on their way
-            timeout_ms = max(0, int((oldest + window_s - time.monotonic()) * 1000))
-        while (message := channel.receive(timeout_ms)) is not None:
-            timeout_ms = 0
+        if oldest is None:
+            message = channel.receive(_IDLE_POLL_MS)
+            if message is not None:
+                _handle(message, worker, flags)
+            continue
+        # gather: other clients' inputs of the same burst arrive within a few ms of each
+        # other; a gap of a quarter window with nothing new ends the wait early, so a lone
+        # request does not sit out the whole window
+        deadline = oldest + window_s
+        while (left_s := deadline - time.monotonic()) > 0:
+            message = channel.receive(max(1, int(min(left_s, window_s / 4) * 1000)))
+            if message is None:
+                break
             _handle(message, worker, flags)
-        oldest = worker.oldest_arrival
-        if oldest is not None and time.monotonic() >= oldest + window_s:
-            worker.step()
+            while (message := channel.receive(0)) is not None:
+                _handle(message, worker, flags)
+        worker.step()
 
 
 def _handle(message: Message, worker: EncoderWorker, flags: Flags) -> None:

@@ -318,3 +318,18 @@ def test_signal_while_loading_stops_promptly(tmp_path: Path) -> None:
     process.communicate(timeout=20)
     assert process.returncode == 130
     assert not _pid_alive(worker_pid)
+
+
+def test_accepted_connections_send_without_waiting_for_acks() -> None:
+    """The listening socket has TCP_NODELAY, which accepted connections inherit: without
+    it a keep-alive client waited ~40 ms (its delayed ACK) for each answer's second write."""
+    listener = cli._listen_socket("127.0.0.1", 0)
+    try:
+        listener.listen(1)
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        accepted.close()
+        client.close()
+    finally:
+        listener.close()

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 mx = pytest.importorskip("mlx.core")
+nn = pytest.importorskip("mlx.nn")
 
 if mx.default_device().type != mx.DeviceType.cpu or sys.platform == "darwin":
     pytest.skip("the kernels serve MLX's CPU build", allow_module_level=True)
@@ -202,3 +203,14 @@ def test_cache_fingerprint_names_the_kernels(tmp_path) -> None:
     # a model served with its 4-bit layers kept never reads the blocks of its fp32 twin
     kept = model_fingerprint(tmp_path, "float32", "mlxd-cpu-6 (2 threads)", "4-bit g32: 210 layers")
     assert kept != ours
+
+
+def test_gelu_is_erf_gelu_and_position_free() -> None:
+    """BERT's exact GELU: within 1e-6 of MLX's erf form over a wide range, and an
+    element's bits do not depend on where it lies (a tail is padded, not looped)."""
+    x = mx.concatenate([mx.random.normal((4099,), key=mx.random.key(7)) * 4, mx.array([0.0, -40.0, 40.0, 1e-20])])
+    got = kernels.gelu(x)
+    assert mx.abs(got - nn.gelu(x)).max().item() < 1e-6
+    assert mx.array_equal(kernels.gelu(x[4096:]), got[4096:]).item()  # the array's tail alone
+    assert mx.array_equal(kernels.gelu(x[5:13]), got[5:13]).item()
+    assert not mx.array_equal(kernels.gelu(x + 1e-3), got).item()  # the comparison can fail

@@ -5,6 +5,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "attention.h"
+#include "gelu.h"
 #include "logsumexp.h"
 #include "parallel.h"
 #include "norm_rope.h"
@@ -26,6 +27,7 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("causal") = false,
       nb::arg("mask") = nb::none(),
       nb::arg("stream") = nb::none());
+  m.def("gelu", &mlxd::gelu, nb::arg("x"), nb::kw_only(), nb::arg("stream") = nb::none());
   m.def("swiglu", &mlxd::swiglu, nb::arg("gate"), nb::arg("up"), nb::kw_only(), nb::arg("stream") = nb::none());
   m.def(
       "logsumexp_last",
