@@ -27,7 +27,7 @@ kernels: $(VENV)/.installed
 		echo "warning: cmake or a C++ compiler is missing: CPU kernels not built (attention runs slower)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(KERNEL_SO)
 
-$(KERNEL_SO): worker/csrc/*.cpp worker/csrc/*.h worker/csrc/CMakeLists.txt $(VENV)/.installed
+$(KERNEL_SO): worker/csrc/*.cpp worker/csrc/*.h worker/csrc/*.inc worker/csrc/CMakeLists.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet "nanobind>=3,<4"
 	@mkdir -p .cache
 	cmake -S worker/csrc -B .cache/kernels-build -DPython_EXECUTABLE=$(abspath $(BIN)/python) \
