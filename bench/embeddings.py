@@ -28,7 +28,7 @@ from worker.blas import bind_fast_blas  # noqa: E402  (binds BLAS before MLX loa
 BLAS = bind_fast_blas()
 
 import httpx  # noqa: E402
-from common import PYTHON, _serving, _spawn, emit, environment, free_port, log, Server  # noqa: E402
+from common import emit, environment, log, mlxd_server  # noqa: E402
 
 BATCH_SIZES = (1, 8, 32)
 SUBJECTS = ["The committee", "A small bakery", "The new library", "Our support team", "The river ferry",
@@ -65,29 +65,13 @@ def in_process(model_dir: Path, seconds: float) -> dict[str, Any]:
         batch = texts(n)
         results[n] = rate(lambda b=batch: encoder.embed(encoder.tokenize(b)), n, seconds)  # type: ignore[misc]
         log("in-process batch %d: %.1f texts/s", n, results[n]["texts_per_s"])
-    del encoder
     return results
 
 
 def through_service(model_dir: Path, seconds: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    import tempfile
-
-    home = Path(tempfile.mkdtemp(prefix="mlxd-bench-embeddings-"))
-    port = free_port()
-    command = [PYTHON, "-m", "router", "serve", "--port", str(port), "--home", str(home), "--model", str(model_dir),
-               "--no-cold-tier"]
-    process, log_path = _spawn("mlxd-embeddings", command)
-    server = Server("mlxd-embeddings", f"http://127.0.0.1:{port}", model_dir.name, process, log_path)
-
-    def ready(response: httpx.Response) -> bool:
-        workers = response.json().get("workers") or {}
-        if workers and all(w.get("state") == "ready" for w in workers.values()):
-            server.info = next(iter(workers.values()))
-            return True
-        return False
-
     results: dict[str, Any] = {}
-    with _serving(server, ready), httpx.Client(base_url=server.base_url, timeout=120) as client:
+    with (mlxd_server(model_dir, extra_args=["--no-cold-tier"], name="mlxd-embeddings") as server,
+          httpx.Client(base_url=server.base_url, timeout=120) as client):
         def request(batch: list[str]) -> None:
             answer = client.post("/v1/embeddings", json={"model": model_dir.name, "input": batch,
                                                          "encoding_format": "base64"})
@@ -109,7 +93,8 @@ def through_service(model_dir: Path, seconds: float) -> tuple[dict[str, Any], di
         log("service, 32 clients x 1 text: %.1f texts/s", results["32_clients_x_1"]["texts_per_s"])
         for c in clients:
             c.close()
-        setup = {"command": " ".join(command[1:]), "worker": server.info}
+        setup = {"command": "mlxd serve --model MODEL --no-cold-tier (bench.common.mlxd_server)",
+                 "worker": server.info}
     return results, setup
 
 

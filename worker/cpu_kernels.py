@@ -19,6 +19,7 @@ and so is `mx.quantized_matmul` (nn.QuantizedLinear and a tied QuantizedEmbeddin
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -255,6 +256,7 @@ def _rope(kernels: Any, fallback: Callable[..., mx.array]) -> Callable[..., mx.a
     return rope
 
 
+@functools.cache
 def encoder_ops() -> tuple[Callable[[mx.array], mx.array] | None, Callable[..., mx.array] | None]:
     """(gelu, attention) from the kernels for BERT-family encoders, or (None, None) where
     the kernels do not run (another device, not built, failed self-test). MLX's CPU erf

@@ -170,6 +170,18 @@ Isa isa() {
 #endif
 }
 
+using RowsFn = void (*)(const Layout&, const uint8_t*, const void*, const void*, const Activations&, int64_t,
+                        int64_t, float*, int64_t, int64_t);
+
+// The loop that computes a block of outputs on this path, for this weight width.
+RowsFn rows_for(Isa path, int bits) {
+#if defined(__x86_64__)
+  if (path == Isa::vnni) return bits == 4 ? vnni_path::rows_avx2<4> : vnni_path::rows_avx2<8>;
+  if (path == Isa::avx2) return bits == 4 ? madd_path::rows_avx2<4> : madd_path::rows_avx2<8>;
+#endif
+  return rows_scalar;
+}
+
 }  // namespace
 
 const char* gemv_isa() {
@@ -216,6 +228,7 @@ void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* bia
   // prefills also split the activation rows into chunks that stay in L2 while the
   // item's weight rows pass over them. Every output is one (row, column) pair computed
   // whole by one item, so the split never changes a bit.
+  const RowsFn rows = rows_for(path, L.bits);
   const int64_t rows_per_item = std::max<int64_t>(2, std::min<int64_t>(16, L.N / (8 * kernel_threads())) & ~int64_t{1});
   const int64_t row_items = (L.N + rows_per_item - 1) / rows_per_item;
   const int64_t chunks = (M + kRowChunk - 1) / kRowChunk;
@@ -223,25 +236,7 @@ void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* bia
     const int64_t chunk = item / row_items, rows_item = item % row_items;
     const int64_t n0 = rows_item * rows_per_item, n1 = std::min(L.N, n0 + rows_per_item);
     const int64_t m0 = chunk * kRowChunk, m1 = std::min(M, m0 + kRowChunk);
-#if defined(__x86_64__)
-    if (path == Isa::vnni) {
-      if (L.bits == 4) {
-        vnni_path::rows_avx2<4>(L, w, scales, biases, a, m0, m1, out, n0, n1);
-      } else {
-        vnni_path::rows_avx2<8>(L, w, scales, biases, a, m0, m1, out, n0, n1);
-      }
-      return;
-    }
-    if (path == Isa::avx2) {
-      if (L.bits == 4) {
-        madd_path::rows_avx2<4>(L, w, scales, biases, a, m0, m1, out, n0, n1);
-      } else {
-        madd_path::rows_avx2<8>(L, w, scales, biases, a, m0, m1, out, n0, n1);
-      }
-      return;
-    }
-#endif
-    rows_scalar(L, w, scales, biases, a, m0, m1, out, n0, n1);
+    rows(L, w, scales, biases, a, m0, m1, out, n0, n1);
   });
 }
 
