@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError
 from router.pool import WorkerPool
 from router.reload import Reloader, ReloadRefused
+from router.worker_client import RequestStream
 
 
 def _pool(request: Request) -> WorkerPool:
@@ -73,7 +74,7 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
 async def _kvstore_status(pool: WorkerPool) -> dict[str, Any] | None:
     if pool.kvstore is None:
         return None
-    stats = await pool.kvstore.stats() or {}
+    stats = await pool.kvstore_stats() or {}
     pongs = [s.last_pong.stats for s in pool.supervisors.values() if s.last_pong is not None]
     hits, misses = stats.get("hits", 0), stats.get("misses", 0)
     return {
@@ -87,6 +88,24 @@ async def _kvstore_status(pool: WorkerPool) -> dict[str, Any] | None:
         "dropped_writes": stats.get("dropped", 0) + sum(p.get("cold_dropped_blocks", 0) for p in pongs),
         "evictions": stats.get("evictions"),
         "namespaces": stats.get("namespaces", {}),
+    }
+
+
+def _request_status(stream: RequestStream, now: float) -> dict[str, Any]:
+    """One request in flight, as the dashboard's live list shows it."""
+    tok_s = stream.tokens_per_s()
+    return {
+        "id": stream.request_id,
+        "model": stream.model,
+        "route": stream.route or None,  # None: the router's own question (a token count, a cache clear)
+        "user_agent": stream.user_agent,
+        "state": stream.phase,
+        "tokens": stream.num_tokens,  # the old name of generated_tokens
+        "prompt_tokens": stream.prompt_tokens,
+        "cached_tokens": stream.cached_tokens,
+        "generated_tokens": stream.num_tokens,
+        "tok_s": round(tok_s, 1) if tok_s is not None else None,
+        "age_s": round(now - stream.created, 2),
     }
 
 
@@ -111,17 +130,10 @@ async def status(request: Request) -> Response:
         "keys": request.app.state.keys.status(),
         "models": models,
         "kvstore": await _kvstore_status(pool),
-        "requests": [
-            {
-                "id": s.request_id,
-                "model": s.model,
-                "user_agent": s.user_agent,
-                "state": s.phase,
-                "tokens": s.num_tokens,
-                "age_s": round(now - s.created, 2),
-            }
-            for s in (pool.client.open_requests() if pool.client else [])
-        ],
+        "requests": [_request_status(s, now) for s in (pool.client.open_requests() if pool.client else [])],
+        # what the router counted since it started, and the last minutes of it (the dashboard's charts)
+        "totals": pool.metrics.totals.as_json(),
+        "history": pool.metrics.history.as_json(),
     }
     return JSONResponse(body)
 

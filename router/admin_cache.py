@@ -68,7 +68,7 @@ async def cache_stats(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
     name = request.query_params.get("model")
     selected = pool.models if name is None else [pool.resolve(name)[0]]
-    stats = await pool.kvstore.stats() if pool.kvstore is not None else None
+    stats = await pool.kvstore_stats() if pool.kvstore is not None else None
     namespaces = (stats or {}).get("namespaces") or {}
     models = [{
         "id": model_id,

@@ -8,9 +8,10 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
 
-from router import admin, admin_cache
+from router import admin, admin_cache, dashboard, metrics_route
 from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.api_keys import KeyState, key_ring
@@ -66,6 +67,10 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
         Route("/v1/embeddings", openai_embeddings.embeddings, methods=["POST"]),
         Route("/v1/rerank", rerank.rerank, methods=["POST"]),
         Route("/v2/rerank", rerank.rerank, methods=["POST"]),  # Cohere's v2 path, same body
+        Route("/metrics", metrics_route.metrics, methods=["GET"]),
+        Route("/admin", dashboard.page, methods=["GET"]),
+        Route("/admin/", dashboard.page, methods=["GET"]),
+        Mount(dashboard.ASSETS_PATH, StaticFiles(directory=dashboard.ASSETS_DIR), name="dashboard"),
         Route("/admin/status", admin.status, methods=["GET"]),
         Route("/admin/models/{model_id:path}/load", admin.load_model, methods=["POST"]),
         Route("/admin/models/{model_id:path}/unload", admin.unload_model, methods=["POST"]),
@@ -79,7 +84,9 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     app = Starlette(
         routes=routes,
         # outermost first: what a web page may send is settled before the body is read or the key checked
-        middleware=[Middleware(RequestIdMiddleware), *web_middleware(config, keys),
+        middleware=[Middleware(RequestIdMiddleware),
+                    Middleware(metrics_route.RequestMetricsMiddleware, pool=pool, routes=routes),
+                    *web_middleware(config, keys),
                     Middleware(DrainGateMiddleware, state=drain),
                     Middleware(StartupGateMiddleware, state=startup),
                     Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
@@ -87,6 +94,7 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=lifespan,
     )
+    metrics_route.watch(pool)
     app.state.config = config
     app.state.pool = pool
     app.state.keys = keys

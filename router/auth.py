@@ -1,5 +1,10 @@
 """API-key check in front of every route but the probes (/health, Claude Code's /api/hello),
-which must work without the key."""
+which must work without the key, and the dashboard's static files (`GET /admin` and its
+assets: no data, the page asks for the key and sends it with every call it makes).
+
+`/metrics` follows the admin routes' rule: it tells what `/admin/status` tells (models,
+memory, traffic), so with keys configured it needs a key that may administer (the admin
+key, or any key when no admin key is set); a scraper sends it as `Authorization: Bearer`."""
 
 from __future__ import annotations
 
@@ -36,10 +41,20 @@ def supplied_key(headers: Headers) -> str | None:
 
 
 ADMIN_PREFIX = "/admin"
+METRICS_PATH = "/metrics"
+DASHBOARD_PAGES = frozenset({ADMIN_PREFIX, ADMIN_PREFIX + "/"})  # GET /admin: the dashboard's HTML
+DASHBOARD_ASSETS = ADMIN_PREFIX + "/dashboard/"  # its script and style sheet
 
 
 def is_admin_path(path: str) -> bool:
-    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+    """The routes that need a key that may administer: /admin/* and /metrics."""
+    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/") or path == METRICS_PATH
+
+
+def is_open_path(path: str) -> bool:
+    """Answered without a key: the probes, and the dashboard's static files."""
+    return (path in OPEN_PATHS or path in DASHBOARD_PAGES
+            or (path.startswith(DASHBOARD_ASSETS) and ".." not in path and "\\" not in path))
 
 
 class APIKeyMiddleware:
@@ -58,7 +73,7 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ring = self.keys.ring
-        if not ring.required or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if not ring.required or scope["type"] != "http" or is_open_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
@@ -72,7 +87,7 @@ class APIKeyMiddleware:
         if key is not None:  # a valid key, but not the admin key
             logger.info("refused %s %s to key %r: admin routes need the admin key",
                         scope["method"], scope["path"], key.name)
-            message = f"the key {key.name!r} may not use {ADMIN_PREFIX}/*: send the admin key"
+            message = f"the key {key.name!r} may not use {ADMIN_PREFIX}/* or {METRICS_PATH}: send the admin key"
             if is_anthropic(scope, headers):
                 response = anthropic_errors.error_response(403, "permission_error", message)
             else:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import itertools
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from protocol.errors import WorkerDead
@@ -31,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 # how long a child must stay up before its crash counts as new, not as a failed restart
 STABLE_AFTER_S = 60.0
+
+_INSTANCES = itertools.count(1)  # one number per supervisor: with the generation, names one child for good
 
 
 class ChildStartupError(Exception):
@@ -67,6 +71,8 @@ class ChildSupervisor:
         self.client = client
         self.state = self.starting_state
         self.num_restarts = 0
+        self.on_restart: Callable[[], None] | None = None  # the pool's metrics count restarts
+        self.instance = next(_INSTANCES)
         self.last_error: str | None = None
         self.child: ChildProcess | None = None
         self.identity: bytes | None = None
@@ -205,7 +211,7 @@ class ChildSupervisor:
                     return
                 if self._restart_requested:  # asked for: start the next one right away
                     self._restart_requested = False
-                    self.num_restarts += 1
+                    self._count_restart()
                     self.state = "restarting"
                     continue
                 if lived_s >= STABLE_AFTER_S:  # a fresh crash, not a crash loop
@@ -224,11 +230,22 @@ class ChildSupervisor:
                 except TimeoutError:
                     pass
                 backoff = min(backoff * 2, self.config.restart_backoff_max_s)
-                self.num_restarts += 1
+                self._count_restart()
         finally:
             if self._first_start is not None and not self._first_start.done():
                 self._first_start.set_exception(self.startup_error(f"{self.label} was stopped before it was ready"))
                 self._first_start.exception()  # retrieved: nobody may be waiting any more
+
+    def _count_restart(self) -> None:
+        self.num_restarts += 1
+        if self.on_restart is not None:
+            self.on_restart()
+
+    @property
+    def child_key(self) -> str:
+        """Names the running child among every child this router ever ran (for counters that
+        a child reports as totals since it started)."""
+        return f"{self.instance}:{self.identity.decode() if self.identity else ''}"
 
     async def _run_once(self) -> tuple[str, float]:
         """One child's life: spawn, handshake, serve; returns why it ended and how long it

@@ -216,9 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="show the running service: models, memory, cache tiers, requests",
         description="Read the running service's /admin/status (found by the same --home/--config/--host/--port "
-                    "as `mlxd serve`, with its API key) and print it as a table, or as JSON with --json.",
+                    "as `mlxd serve`, with its API key) and print it as a table, or as JSON with --json. "
+                    "--watch redraws it every --interval seconds (what the dashboard at /admin shows on top, "
+                    "then the tables) until Ctrl-C.",
     )
     status.add_argument("--json", dest="as_json", action="store_true", help="print /admin/status's JSON as is")
+    status.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
+    status.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                        help="with --watch: seconds between refreshes (default 2)")
+    status.add_argument("--count", type=int, default=0, metavar="N",
+                        help="with --watch: stop after N refreshes (default: until Ctrl-C)")
     _add_setting_flags(status, only=("config", "home", "host", "port", "api_key", "api_key_file", "admin_key"))
     wait = commands.add_parser(
         "wait",
@@ -262,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # the parser's own arguments, not settings
 NOT_SETTINGS = ("command", "config_command", "name", "models_command", "yes", "file", "save_as", "sha256", "action", "dry_run", "platform", "follow", "lines", "as_json",
-                "cache_action", "cache_model", "role", "model_name", "wait", "timeout")
+                "cache_action", "cache_model", "role", "model_name", "wait", "timeout", "watch", "interval", "count")
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -491,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "service":
         return service(loaded.config, args)
     if args.command == "status":
+        if args.watch:
+            return status_cli.watch_command(loaded.config, args.interval, args.count, args.as_json)
         return status_cli.status_command(loaded.config, args.as_json)
     if args.command == "wait":
         return wait_cli.wait_command(loaded.config, args.timeout)

@@ -31,6 +31,7 @@ async def ask_encoder(request: Request, model_id: str, message: EmbedRequest | R
     kind that cannot serve `task`) or WorkerDead propagates to the error handlers."""
     pool: WorkerPool = request.app.state.pool
     request.state.request_id = message.request_id  # the response's x-request-id
+    request.state.model = model_id  # the `model` label of mlxd_requests_total
     supervisor = await pool.acquire(model_id, kinds, task)
     stream = supervisor.open_request(message)
     stream.model = model_id

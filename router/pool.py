@@ -25,6 +25,7 @@ from protocol.sockets import claim_runtime_dir, ipc_address
 from router import model_registry
 from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
+from router.metrics import HISTORY_INTERVAL_S, Metrics
 from router.model_files import ModelNotFound, convert_once, provision
 from router.model_aliases import DEFAULT_TARGET, AliasLog, match_alias
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
@@ -81,6 +82,8 @@ class WorkerPool:
         self.budget_bytes = config.effective_memory_budget_bytes
         self._load_lock = asyncio.Lock()
         self._ttl_task: asyncio.Task[None] | None = None
+        self._sample_task: asyncio.Task[None] | None = None
+        self.metrics = Metrics()  # GET /metrics, and the dashboard's history
         self._tasks: set[asyncio.Task[Any]] = set()  # background loads after a reload
         self._started = False
 
@@ -97,6 +100,7 @@ class WorkerPool:
         try:
             if self.config.cold_tier and self.config.worker.prefix_cache:
                 self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir, self.client)
+                self.kvstore.on_restart = lambda: self.metrics.observe_restart("kvstore")
                 await self.kvstore.start()
             self.check_config(self.config)
             for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
@@ -105,14 +109,16 @@ class WorkerPool:
             await self.stop()
             raise
         self._ttl_task = asyncio.create_task(self._unload_idle(), name="ttl")
+        self._sample_task = asyncio.create_task(self._sample(), name="metrics-history")
 
     async def stop(self) -> None:
         """Shut every worker down (drain, SIGTERM, SIGKILL), then the kvstore."""
         if not self._started:
             return
         self._started = False
-        if self._ttl_task is not None:
-            self._ttl_task.cancel()
+        for task in (self._ttl_task, self._sample_task):
+            if task is not None:
+                task.cancel()
         await asyncio.gather(*(s.stop() for s in self.supervisors.values()), return_exceptions=True)
         if self.kvstore is not None:  # last: the workers' final writes must reach it
             await self.kvstore.stop()
@@ -331,6 +337,8 @@ class WorkerPool:
                 entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
             supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command,
                                           kind=entry.kind)
+            supervisor.on_restart = lambda: self.metrics.observe_restart("worker", model_id)
+            supervisor.on_stats = lambda source, stats: self.metrics.observe_worker_stats(model_id, source, stats)
             if entry.kind == "chat":
                 supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
                 supervisor.hot_tier_bytes = self.hot_tier_bytes()
@@ -338,16 +346,19 @@ class WorkerPool:
             self.states[model_id] = "loading"
             logger.info("loading %s (needs ~%.2f GB; %.2f of %.2f GB in use)", model_id, need / 1e9,
                         self.used_bytes(exclude=model_id) / 1e9, self.budget_bytes / 1e9)
+            started = time.monotonic()
             try:
                 await supervisor.start()
             except asyncio.CancelledError:
                 raise  # stop() stops every supervisor still listed, this one included
             except BaseException:
                 # stays listed as "down" with its last_error, for /health and the status
+                self.metrics.observe_load(model_id, None)
                 await supervisor.stop()
                 raise
             finally:
                 self.states.pop(model_id, None)
+            self.metrics.observe_load(model_id, time.monotonic() - started)
             self.last_used.setdefault(model_id, time.time())
             return supervisor
 
@@ -364,7 +375,7 @@ class WorkerPool:
             if idle:
                 victim = min(idle, key=lambda m: self.last_used.get(m, 0.0))
                 logger.info("evicting %s (least recently used) to make room for %s", victim, model_id)
-                await self._unload(victim)
+                await self._unload(victim, "evicted")
                 continue
             if time.monotonic() > deadline:
                 raise RequestError(
@@ -379,7 +390,8 @@ class WorkerPool:
             return 0
         return self.client.num_open_requests(supervisor.identity)
 
-    async def _unload(self, model_id: str) -> None:
+    async def _unload(self, model_id: str, reason: str) -> None:
+        """Stop `model_id`'s worker; `reason` (admin, ttl, evicted) is what the metrics count."""
         supervisor = self.supervisors.get(model_id)
         if supervisor is None:
             return
@@ -389,13 +401,14 @@ class WorkerPool:
         finally:
             self.supervisors.pop(model_id, None)
             self.states.pop(model_id, None)
+            self.metrics.observe_unload(model_id, reason)
         logger.info("unloaded %s", model_id)
 
     async def unload(self, model_id: str) -> None:
         """Unload on request (admin): drains its in-flight requests first."""
         model_id, _ = self.resolve(model_id)
         async with self._load_lock:
-            await self._unload(model_id)
+            await self._unload(model_id, "admin")
 
     def pin(self, model_id: str) -> None:
         self.pinned.add(self.resolve(model_id)[0])
@@ -419,14 +432,44 @@ class WorkerPool:
                     logger.info("%s idle for more than %.0f s; unloading", model_id, ttl)
                     async with self._load_lock:
                         if not self.in_flight(model_id):
-                            await self._unload(model_id)
+                            await self._unload(model_id, "ttl")
 
-    def record_finish(self, model_id: str, event: FinishEvent) -> None:
-        """Keep recent finished requests for the status route's tok/s."""
+    def record_finish(self, model_id: str, event: FinishEvent, duration_s: float | None = None) -> None:
+        """Keep recent finished requests for the status route's tok/s, and count the
+        generation's tokens and timings (`duration_s`: end to end, as the router saw it)."""
         recent = self.recent.setdefault(model_id, [])
         recent.append(event)
         del recent[:-_RECENT]
         self.last_used[model_id] = time.time()
+        self.metrics.observe_finish(model_id, event, duration_s)
+
+    async def kvstore_stats(self, timeout_s: float = 1.0) -> dict[str, Any] | None:
+        """The kvstore's counters now (None: no cold tier, or it does not answer); every
+        answer also feeds the metrics' cold-tier counters."""
+        if self.kvstore is None:
+            return None
+        stats = await self.kvstore.stats(timeout_s)
+        if stats is not None:
+            self.metrics.observe_kvstore_stats(self.kvstore.child_key, stats)
+        return stats
+
+    def generation_streams(self) -> list[Any]:
+        """The open generation requests (not token counts or cache clears), oldest first."""
+        streams = self.client.open_requests() if self.client is not None else []
+        return sorted((s for s in streams if s.route), key=lambda s: s.created)
+
+    async def _sample(self) -> None:
+        """Every HISTORY_INTERVAL_S: a point of the dashboard's history, and the kvstore's
+        counters (so the cold tier's counters move even when nobody scrapes)."""
+        while True:
+            try:
+                streams = self.generation_streams()
+                queued = sum(1 for s in streams if s.phase == "queued")
+                self.metrics.sample(running=len(streams) - queued, queued=queued)
+                await self.kvstore_stats()
+            except Exception:  # the history must never take the service down
+                logger.exception("metrics sampling failed")
+            await asyncio.sleep(HISTORY_INTERVAL_S)
 
     # ------------------------------------------------------------ reporting
 

@@ -9,6 +9,7 @@ model is loaded, and a request the model cannot take is refused before it is sen
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,8 +51,10 @@ def model_name(body: dict[str, Any]) -> str:
 async def handle(request: Request, dialect: Dialect) -> Response:
     """Serve one API request through `dialect`."""
     pool: WorkerPool = request.app.state.pool
+    received = time.monotonic()
     body = parse_json_body(await request.body())
     model_id, profile = pool.resolve(model_name(body))
+    request.state.model = model_id  # the `model` label of mlxd_requests_total (router.metrics_route)
     parsed = dialect.parse(body, profile)
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
@@ -62,8 +65,9 @@ async def handle(request: Request, dialect: Dialect) -> Response:
             parsed = dialect.bind(parsed, supervisor.ready)
     stream = supervisor.open_request(parsed.add)
     stream.model = model_id
+    stream.route = request.url.path
     stream.user_agent = request.headers.get("user-agent", "")
-    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None))
+    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received)
     try:
         return await dialect.respond(request, parsed, stream)
     except BaseException:
@@ -72,11 +76,11 @@ async def handle(request: Request, dialect: Dialect) -> Response:
 
 
 def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest,
-               key_name: str | None) -> Callable[[FinishEvent], None]:
+               key_name: str | None, received: float) -> Callable[[FinishEvent], None]:
     by = f" (key {key_name})" if key_name is not None else ""  # the key's name, never the key
 
     def finished(event: FinishEvent) -> None:
-        pool.record_finish(model_id, event)
+        pool.record_finish(model_id, event, time.monotonic() - received)
         u, t = event.usage, event.timings
         logger.info("%s %s%s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
                     parsed.model, parsed.add.request_id, by, event.finish_reason, u.prompt_tokens,

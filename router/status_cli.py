@@ -1,5 +1,8 @@
 """`mlxd status`: the running service's `/admin/status` as a table for people, or passed
-through as JSON (`--json`) for scripts.
+through as JSON (`--json`) for scripts; `--watch` redraws it every `--interval` seconds
+until Ctrl-C. Its first lines are the dashboard's top panel (router/dashboard): version
+and uptime, memory against the budget, requests served and in flight, tokens per second
+now and as a sparkline of the last minutes, and the prompt cache's recent hit rates.
 
 The service is found where the configuration says it listens (the same `--home`,
 `--config`, `--host`, `--port` as `serve`), with its API key when it has one.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -67,6 +71,69 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
+SPARK_ASCII = "_.-:=+*#"
+SPARK_WIDTH = 60
+
+
+def sparkline(values: list[float], width: int = SPARK_WIDTH, blocks: str = SPARK_BLOCKS) -> str:
+    """`values` (oldest first) as one line of at most `width` characters, each the mean of
+    its share of the values, scaled to the largest."""
+    if not values:
+        return ""
+    step = max(1, -(-len(values) // width))
+    means = [sum(chunk) / len(chunk) for chunk in (values[i:i + step] for i in range(0, len(values), step))]
+    top = max(means)
+    if top <= 0:
+        return blocks[0] * len(means)
+    return "".join(blocks[min(len(blocks) - 1, int(v / top * (len(blocks) - 1) + 0.5))] for v in means)
+
+
+def _can_print(text: str) -> bool:
+    try:
+        text.encode(sys.stdout.encoding or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
+def meter(fraction: float, width: int = 20) -> str:
+    filled = max(0, min(width, round(fraction * width)))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def format_top(status: dict[str, Any], url: str) -> list[str]:
+    """The dashboard's top panel as lines: who and since when, memory, traffic, throughput."""
+    memory = status.get("memory") or {}
+    starting = " (starting: loading its models)" if status.get("starting") else ""
+    budget = memory.get("budget_bytes") or 0
+    used = memory.get("used_bytes") or 0
+    lines = [f"mlxd {status.get('version', '?')} at {url}, up {duration(status.get('uptime_s'))}{starting}",
+             f"memory: {size(memory.get('used_bytes'))} used by models of a {size(memory.get('budget_bytes'))} "
+             f"budget {meter(used / budget if budget else 0.0)}; machine {size(memory.get('available_bytes'))} "
+             f"free of {size(memory.get('total_bytes'))}"]
+    totals = status.get("totals")
+    if totals is None:  # a service older than the dashboard
+        return lines
+    live = [r for r in status.get("requests") or [] if r.get("route")]
+    queued = sum(1 for r in live if r.get("state") == "queued")
+    points = (status.get("history") or {}).get("points") or []
+    last = points[-1] if points else {}
+    prompt = totals.get("prompt_tokens") or {}
+    hits = (f"{percent(last.get('hot_hit_rate'))} hot, {percent(last.get('ssd_hit_rate'))} SSD"
+            if last.get("hot_hit_rate") is not None else "-")
+    lines.append(f"requests: {totals.get('requests', 0)} served, {len(live)} in flight ({queued} queued); "
+                 f"tokens: {totals.get('generated_tokens', 0)} generated, prompt {prompt.get('hot', 0)} hot / "
+                 f"{prompt.get('ssd', 0)} SSD / {prompt.get('computed', 0)} computed; "
+                 f"prompt cache (last {(status.get('history') or {}).get('hit_rate_window_s', 30):.0f} s): {hits}")
+    rates = [float(p.get("generated_tok_s") or 0.0) for p in points]
+    if rates:
+        blocks = SPARK_BLOCKS if _can_print(SPARK_BLOCKS) else SPARK_ASCII
+        lines.append(f"generated tok/s: {rates[-1]:.1f} now, peak {max(rates):.1f}; last "
+                     f"{duration(points[-1]['t'] - points[0]['t'])}: {sparkline(rates, blocks=blocks)}")
+    return lines
+
+
 def table(rows: list[list[str]]) -> list[str]:
     """Columns padded to their widest cell; the first row is the header."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -75,12 +142,7 @@ def table(rows: list[list[str]]) -> list[str]:
 
 def format_status(status: dict[str, Any], url: str) -> str:
     """The status object (README "Admin status") as the lines a person reads."""
-    memory = status.get("memory") or {}
-    starting = " (starting: loading its models)" if status.get("starting") else ""
-    lines = [f"mlxd {status.get('version', '?')} at {url}, up {duration(status.get('uptime_s'))}{starting}",
-             f"memory: {size(memory.get('used_bytes'))} used by models of a {size(memory.get('budget_bytes'))} "
-             f"budget; machine {size(memory.get('available_bytes'))} free of {size(memory.get('total_bytes'))}",
-             ""]
+    lines = [*format_top(status, url), ""]
     rows = [["MODEL", "STATE", "PINNED", "MEMORY", "REQUESTS", "HOT TIER", "HIT", "PROMPT T/S", "DECODE T/S",
              "TTL LEFT"]]
     for model in status.get("models") or []:
@@ -112,11 +174,59 @@ def format_status(status: dict[str, Any], url: str) -> str:
     if not requests:
         lines.append("requests: none in flight")
     else:
-        rows = [["REQUEST", "MODEL", "STATE", "TOKENS", "AGE", "CLIENT"]]
-        rows += [[str(r.get("id")), str(r.get("model")), str(r.get("state")), str(r.get("tokens", 0)),
-                  duration(r.get("age_s")), str(r.get("user_agent") or "-")[:40]] for r in requests]
+        rows = [["REQUEST", "MODEL", "STATE", "PROMPT", "CACHED", "TOKENS", "TOK/S", "AGE", "CLIENT"]]
+        rows += [[str(r.get("id")), str(r.get("model")), str(r.get("state")),
+                  "-" if r.get("prompt_tokens") is None else str(r.get("prompt_tokens")),
+                  str(r.get("cached_tokens") or 0), str(r.get("generated_tokens", r.get("tokens", 0))),
+                  rate(r.get("tok_s")), duration(r.get("age_s")), str(r.get("user_agent") or "-")[:40]]
+                 for r in requests]
         lines += table(rows)
     return "\n".join(lines) + "\n"
+
+
+def _refused(url: str, code: int, reason: str) -> str:
+    hint = ("set the admin key (--admin-key or $MLXD_ADMIN_KEY) or the API key (--api-key or $MLXD_API_KEY)"
+            if code in (401, 403) else reason)
+    return f"mlxd status: {url}/admin/status answered {code} ({hint})"
+
+
+def watch_command(config: RouterConfig, interval_s: float, count: int = 0, as_json: bool = False) -> int:
+    """`mlxd status --watch`: the status redrawn every `interval_s` (a terminal is cleared
+    first; a pipe gets one frame after another) until Ctrl-C, or `count` frames. A service
+    that is not answering (restarting) is said so in the frame and asked again; a refused
+    key ends it (exit 1), since asking again cannot help."""
+    interval_s = max(0.1, interval_s)
+    clear = sys.stdout.isatty()
+    frames = 0
+    try:
+        while True:
+            url = service_url(config)
+            try:
+                status = fetch_status(config)
+                text = json.dumps(status) + "\n" if as_json else format_status(status, url)
+            except urllib.error.HTTPError as exc:
+                if exc.code in (401, 403):
+                    print(_refused(url, exc.code, str(exc.reason)), file=sys.stderr)
+                    return 1
+                text = f"{_refused(url, exc.code, str(exc.reason))}; asking again\n"
+            except (OSError, ValueError) as exc:
+                text = f"mlxd status: no mlxd answering at {url} ({exc}); asking again\n"
+            if clear:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            elif frames and not as_json:
+                sys.stdout.write("\n")
+            sys.stdout.write(text)
+            if not as_json:
+                sys.stdout.write(f"-- {time.strftime('%H:%M:%S')}, every {interval_s:g} s; Ctrl-C to stop\n")
+            sys.stdout.flush()
+            frames += 1
+            if count and frames >= count:
+                return 0
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        if clear:
+            sys.stdout.write("\n")
+        return 0
 
 
 def status_command(config: RouterConfig, as_json: bool) -> int:
@@ -124,9 +234,7 @@ def status_command(config: RouterConfig, as_json: bool) -> int:
     try:
         status = fetch_status(config)
     except urllib.error.HTTPError as exc:
-        print(f"mlxd status: {url}/admin/status answered {exc.code} "
-              f"({'set the admin key (--admin-key or $MLXD_ADMIN_KEY) or the API key (--api-key or $MLXD_API_KEY)' if exc.code in (401, 403) else exc.reason})",
-              file=sys.stderr)
+        print(_refused(url, exc.code, str(exc.reason)), file=sys.stderr)
         return 1
     except (OSError, ValueError) as exc:
         print(f"mlxd status: no mlxd answering at {url} ({exc}); is it running? (`mlxd service status`, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class WorkerSupervisor(ChildSupervisor):
         self.worker_command = tuple(worker_command)
         self.ready: Ready | None = None
         self.last_pong: Pong | None = None
+        # called with (child_key, stats) on every pong: the pool's metrics accumulate them
+        self.on_stats: Callable[[str, dict[str, Any]], None] | None = None
         self.kvstore_address = ""  # set by the pool when the cold tier runs
         self.hot_tier_bytes = config.hot_tier_bytes  # set by the pool from the memory budget
 
@@ -119,6 +121,8 @@ class WorkerSupervisor(ChildSupervisor):
     def _on_other_message(self, message: Message) -> None:
         if isinstance(message, Pong):  # a pong also says how busy the worker is, as it counts it
             self.last_pong = message
+            if self.on_stats is not None and message.stats:
+                self.on_stats(self.child_key, message.stats)
 
     def _fail_in_flight(self, reason: str, *, shutting_down: bool = False) -> None:
         assert self.identity is not None

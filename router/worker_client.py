@@ -71,10 +71,16 @@ class RequestStream:
         self.finished = False
         # what /admin/status shows about it
         self.model = ""
+        self.route = ""  # the API route of a generation; empty for the router's own questions
         self.user_agent = ""
         self.created = time.time()
         self.phase = "queued"  # queued -> prefill -> decoding
         self.num_tokens = 0
+        self.prompt_tokens: int | None = None  # known once the worker accepted the prompt
+        self.cached_tokens = 0
+        self.first_token_at: float | None = None  # time.monotonic() of the first and latest tokens
+        self.last_token_at: float | None = None
+        self.num_first_tokens = 0
         self.on_finish: Callable[[FinishEvent], None] | None = None
         self._events: collections.deque[Message] = collections.deque()
         self._failure: WorkerDead | None = None
@@ -85,9 +91,15 @@ class RequestStream:
             return
         if isinstance(message, TokenEvent):
             self.phase = "decoding"
+            if message.token_ids:
+                self.last_token_at = time.monotonic()
+                if self.first_token_at is None:
+                    self.first_token_at = self.last_token_at
+                    self.num_first_tokens = len(message.token_ids)
             self.num_tokens += len(message.token_ids)
         elif isinstance(message, PromptEvent):
             self.phase = "prefill"
+            self.prompt_tokens, self.cached_tokens = message.prompt_tokens, message.cached_tokens
         self._events.append(message)
         if isinstance(message, FinishEvent) and self.on_finish is not None:
             self.on_finish(message)  # bookkeeping of the pool, whatever the dialect answering
@@ -95,6 +107,16 @@ class RequestStream:
             self.finished = True
             self.client.forget(self)
         self._wakeup.set()
+
+    def tokens_per_s(self, now: float | None = None) -> float | None:
+        """Decode speed so far: the tokens after the first over the time since it came
+        (None until a second has passed, so the first tokens do not read as a spike)."""
+        if self.first_token_at is None:
+            return None
+        elapsed = (time.monotonic() if now is None else now) - self.first_token_at
+        if elapsed < 1.0:
+            return None
+        return (self.num_tokens - self.num_first_tokens) / elapsed
 
     def fail(self, error: WorkerDead) -> None:
         if self.finished:

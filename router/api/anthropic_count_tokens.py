@@ -53,6 +53,7 @@ async def _count(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
     body = parse_json_body(await request.body())
     model_id, profile = pool.resolve(model_name(body))
+    request.state.model = model_id  # the `model` label of mlxd_requests_total
     add = count_request(body, profile, pool.config.normalize_billing_header)
     supervisor = await pool.acquire(model_id)  # the model's tokenizer lives in its worker
     stream = supervisor.open_request(CountTokens(add))

@@ -107,3 +107,18 @@ def test_swapping_the_ring_applies_to_the_next_request() -> None:
     keys.ring = key_ring(make_config({"api_keys": {"new": "sk-new"}}))
     assert client.post("/v1/chat/completions", headers={"x-api-key": "sk-old"}).status_code == 401
     assert client.post("/v1/chat/completions", headers={"x-api-key": "sk-new"}).json() == {"key": "new"}
+
+
+def test_metrics_follows_the_admin_rule_and_the_dashboard_files_need_no_key() -> None:
+    keys = KeyState(key_ring(make_config({"api_keys": {"alice": "sk-alice"}, "admin_key": "sk-admin"})))
+    app = Starlette(routes=[Route("/metrics", _ok), Route("/admin", _ok), Route("/admin/dashboard/{name}", _ok),
+                            Route("/admin/status", _ok)],
+                    middleware=[Middleware(APIKeyMiddleware, keys=keys)], exception_handlers=EXCEPTION_HANDLERS)
+    client = TestClient(app)
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer sk-alice"}).status_code == 403
+    assert client.get("/metrics", headers={"Authorization": "Bearer sk-admin"}).json() == {"key": "admin"}
+    # the page and its assets carry no data: the page asks for the key and sends it itself
+    assert client.get("/admin").status_code == 200 and client.get("/admin/dashboard/dashboard.js").status_code == 200
+    assert client.get("/admin/status").status_code == 401
+    assert client.get("/admin/dashboard/../status").status_code in (401, 404)  # never a way around the key
