@@ -129,8 +129,12 @@ class History:
         self.interval_s = interval_s
         self.samples: collections.deque[Sample] = collections.deque(maxlen=int(keep_s / interval_s) + 1)
 
-    def record(self, totals: Totals, running: int, queued: int, now: float | None = None) -> None:
-        self.samples.append(Sample(time.time() if now is None else now, totals.requests, totals.generated_tokens,
+    def record(self, totals: Totals, running: int, queued: int, now: float | None = None,
+               streaming_tokens: int = 0) -> None:
+        """`streaming_tokens`: what the requests still running generated so far, so the
+        throughput follows the tokens as they stream rather than jumping when requests end."""
+        self.samples.append(Sample(time.time() if now is None else now, totals.requests,
+                                   totals.generated_tokens + streaming_tokens,
                                    tuple(totals.prompt_tokens[s] for s in PROMPT_SOURCES), running, queued))
 
     def points(self, shown_s: float = HISTORY_SHOWN_S, window_s: float = HIT_RATE_WINDOW_S) -> list[dict[str, Any]]:
@@ -155,7 +159,8 @@ class History:
             prompt_total = sum(window)
             points.append({
                 "t": round(now.t, 2),
-                "generated_tok_s": round((now.generated_tokens - before.generated_tokens) / dt, 2),
+                # never below zero: a request that failed takes its streamed tokens out of the sum
+                "generated_tok_s": round(max(0, now.generated_tokens - before.generated_tokens) / dt, 2),
                 "prompt_tok_s": round((sum(now.prompt_tokens) - sum(before.prompt_tokens)) / dt, 2),
                 "requests_per_s": round((now.requests - before.requests) / dt, 3),
                 "hot_hit_rate": round(window[0] / prompt_total, 3) if prompt_total else None,
@@ -220,6 +225,7 @@ class Metrics:
         self.totals = Totals()
         self.history = History()
         self.kvstore_stats: dict[str, Any] | None = None  # its last KVStats answer (None: none yet)
+        self.collector_registered = False  # router.metrics_route.watch registers the scrape-time collector once
 
     # ---------------------------------------------------------------- what the router sees
 
@@ -292,5 +298,5 @@ class Metrics:
         for field_name, (name, help_text) in KVSTORE_NAMESPACE_COUNTERS.items():
             yield name, help_text, ["model"], self.children.series("ns:" + field_name)
 
-    def sample(self, running: int, queued: int, now: float | None = None) -> None:
-        self.history.record(self.totals, running, queued, now)
+    def sample(self, running: int, queued: int, streaming_tokens: int = 0, now: float | None = None) -> None:
+        self.history.record(self.totals, running, queued, now, streaming_tokens)

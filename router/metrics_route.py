@@ -181,9 +181,9 @@ class PoolCollector(Collector):
 
 def watch(pool: WorkerPool) -> None:
     """Register `pool`'s scrape-time collector on its registry (once per pool)."""
-    if not getattr(pool.metrics, "collector_registered", False):
+    if not pool.metrics.collector_registered:
         pool.metrics.registry.register(PoolCollector(pool))
-        pool.metrics.collector_registered = True  # type: ignore[attr-defined]
+        pool.metrics.collector_registered = True
 
 
 async def metrics(request: Request) -> Response:

@@ -31,7 +31,7 @@ from router.model_aliases import DEFAULT_TARGET, AliasLog, match_alias
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
 from router.profiles import Profile, split_model_name
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError, WorkerSupervisor
-from router.worker_client import WorkerClient
+from router.worker_client import RequestStream, WorkerClient
 
 logger = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ class WorkerPool:
             self.metrics.observe_kvstore_stats(self.kvstore.child_key, stats)
         return stats
 
-    def generation_streams(self) -> list[Any]:
+    def generation_streams(self) -> list[RequestStream]:
         """The open generation requests (not token counts or cache clears), oldest first."""
         streams = self.client.open_requests() if self.client is not None else []
         return sorted((s for s in streams if s.route), key=lambda s: s.created)
@@ -465,7 +465,8 @@ class WorkerPool:
             try:
                 streams = self.generation_streams()
                 queued = sum(1 for s in streams if s.phase == "queued")
-                self.metrics.sample(running=len(streams) - queued, queued=queued)
+                self.metrics.sample(running=len(streams) - queued, queued=queued,
+                                    streaming_tokens=sum(s.num_tokens for s in streams))
                 await self.kvstore_stats()
             except Exception:  # the history must never take the service down
                 logger.exception("metrics sampling failed")

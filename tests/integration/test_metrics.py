@@ -152,6 +152,42 @@ def test_an_ssd_hit_after_a_worker_restart_and_counters_that_stay_monotonic(serv
     assert value(scrape(service), "mlxd_cold_tier_hits_total", model=model_id) >= 2
 
 
+def test_a_streaming_request_is_listed_live_and_counted_running(service: Service, model_id: str) -> None:
+    """/admin/status lists it with its client, state and tokens; /metrics counts it running."""
+    import threading
+
+    body = {"model": model_id, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 200, "temperature": 0, "stream": True}
+    done = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{service.base_url}{CHAT}", json=body, timeout=120,
+                          headers={"User-Agent": "live-list-test/1.0"}) as response:
+            for _ in response.iter_lines():
+                pass
+        done.set()
+
+    thread = threading.Thread(target=stream, daemon=True)
+    thread.start()
+    seen: dict[str, Any] = {}
+
+    def decoding() -> bool:
+        requests = httpx.get(f"{service.base_url}/admin/status", timeout=10).json()["requests"]
+        mine = [r for r in requests if r["user_agent"] == "live-list-test/1.0"]
+        if mine and mine[0]["state"] == "decoding" and mine[0]["tok_s"]:
+            seen.update(mine[0])
+            seen["running"] = value(scrape(service), "mlxd_running_sequences", model=model_id)
+            return True
+        return done.is_set()
+
+    wait_for(decoding, "the request decoding in the live list", timeout=60)
+    assert seen, "the request finished before it was seen decoding for a second"
+    assert seen["route"] == CHAT and seen["model"] == model_id and seen["prompt_tokens"] > 0
+    assert seen["generated_tokens"] > 0 and seen["tokens"] == seen["generated_tokens"] and seen["tok_s"] > 0
+    assert seen["running"] == 1
+    thread.join(timeout=120)
+
+
 def test_unload_and_load_are_counted(service: Service, model_id: str) -> None:
     before = scrape(service)
     assert httpx.post(f"{service.base_url}/admin/models/{model_id}/unload", timeout=120).status_code == 200

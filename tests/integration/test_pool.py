@@ -175,7 +175,7 @@ def check_status_schema(body: dict) -> None:
     import psutil
 
     assert set(body) == {"version", "uptime_s", "starting", "config_file", "keys", "memory", "models", "kvstore",
-                         "requests"}
+                         "requests", "totals", "history"}
     assert body["uptime_s"] > 0 and body["starting"] is False and body["keys"] == []
     memory = body["memory"]
     assert set(memory) >= {"total_bytes", "available_bytes", "budget_bytes", "used_bytes", "workers"}
@@ -192,6 +192,15 @@ def check_status_schema(body: dict) -> None:
             assert model["hot_tier"]["budget_bytes"] == HOT
             assert model["hot_cache"] == model["hot_tier"]  # the old name, until 0.2
     assert isinstance(body["requests"], list)
+    for request in body["requests"]:
+        assert set(request) == {"id", "model", "route", "user_agent", "state", "tokens", "prompt_tokens",
+                                "cached_tokens", "generated_tokens", "tok_s", "age_s"}
+    assert set(body["totals"]) == {"requests", "generated_tokens", "prompt_tokens"}
+    assert set(body["totals"]["prompt_tokens"]) == {"hot", "ssd", "computed"}
+    assert set(body["history"]) == {"interval_s", "hit_rate_window_s", "points"}
+    for point in body["history"]["points"]:
+        assert set(point) == {"t", "generated_tok_s", "prompt_tok_s", "requests_per_s", "hot_hit_rate",
+                              "ssd_hit_rate", "running", "queued"}
 
 
 @pytest.fixture(scope="module")

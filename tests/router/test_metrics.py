@@ -114,3 +114,21 @@ def test_the_top_lines_match_the_dashboards_top_panel() -> None:
     assert lines[3].startswith("generated tok/s: 30.0 now, peak 30.0")
     assert sparkline([0, 1, 2, 4], width=4) == "▁▃▅█" and sparkline([0, 0]) == "▁▁" and sparkline([]) == ""
     assert len(sparkline(list(range(300)), width=60)) == 60
+
+
+def test_throughput_follows_streaming_tokens_and_never_goes_negative() -> None:
+    history = History(interval_s=1.0)
+    totals = Totals()
+    history.record(totals, 1, 0, now=0.0, streaming_tokens=0)
+    history.record(totals, 1, 0, now=1.0, streaming_tokens=30)  # still running: counted as it streams
+    totals.requests, totals.generated_tokens = 1, 40
+    history.record(totals, 0, 0, now=2.0, streaming_tokens=0)  # finished with 40
+    totals.generated_tokens = 40
+    history.record(totals, 1, 0, now=3.0, streaming_tokens=0)
+    rates = [p["generated_tok_s"] for p in history.points()]
+    assert rates == [30.0, 10.0, 0.0]
+    history.record(totals, 0, 0, now=4.0, streaming_tokens=0)
+    totals_after_failure = Totals(requests=1, generated_tokens=40)
+    history.record(totals_after_failure, 1, 0, now=5.0, streaming_tokens=5)
+    history.record(totals_after_failure, 0, 0, now=6.0, streaming_tokens=0)  # that request failed
+    assert history.points()[-1]["generated_tok_s"] == 0.0

@@ -210,7 +210,8 @@ function renderModels(status) {
       el("td", { class: "ttl", "data-ttl-left": model.ttl_left_s ?? "" }, ttlText(model)),
       el("td", {}, String(model.requests_in_flight ?? 0)),
       el("td", {}, rate(model.recent_decode_tok_s)),
-      el("td", {}, loaded && model.hot_tier ? `${size(hot.bytes)} / ${size(hot.budget_bytes)}, ${hot.blocks ?? 0} blocks, hit ${percent(hot.hit_rate)}` : "-"),
+      el("td", { class: "wrap" }, loaded && model.hot_tier
+        ? `${size(hot.bytes)} of ${size(hot.budget_bytes)}, ${hot.blocks ?? 0} blocks, hit ${percent(hot.hit_rate)}` : "-"),
       el("td", { class: "actions" },
         button("load", "load", !loaded && !transient),
         button("unload", "unload", loaded && !transient),
