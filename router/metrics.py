@@ -203,7 +203,7 @@ class Metrics:
         self.prefill = Histogram("mlxd_prefill_seconds", "time spent computing a request's prompt (prefill)",
                                  ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.duration = Histogram("mlxd_request_duration_seconds",
-                                  "generation requests end to end: the router receiving the body to the last token",
+                                  "generation requests end to end: the router reading the request to its last token",
                                   ["model"], buckets=DURATION_BUCKETS, registry=r)
         self.restore = Histogram("mlxd_ssd_restore_seconds",
                                  "per request that restored prefix blocks from the SSD cold tier: lookup, read and "

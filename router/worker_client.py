@@ -78,9 +78,8 @@ class RequestStream:
         self.num_tokens = 0
         self.prompt_tokens: int | None = None  # known once the worker accepted the prompt
         self.cached_tokens = 0
-        self.first_token_at: float | None = None  # time.monotonic() of the first and latest tokens
-        self.last_token_at: float | None = None
-        self.num_first_tokens = 0
+        self.first_token_at: float | None = None  # time.monotonic() of the first token
+        self.num_first_tokens = 0  # how many came with it
         self.on_finish: Callable[[FinishEvent], None] | None = None
         self._events: collections.deque[Message] = collections.deque()
         self._failure: WorkerDead | None = None
@@ -91,11 +90,9 @@ class RequestStream:
             return
         if isinstance(message, TokenEvent):
             self.phase = "decoding"
-            if message.token_ids:
-                self.last_token_at = time.monotonic()
-                if self.first_token_at is None:
-                    self.first_token_at = self.last_token_at
-                    self.num_first_tokens = len(message.token_ids)
+            if message.token_ids and self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+                self.num_first_tokens = len(message.token_ids)
             self.num_tokens += len(message.token_ids)
         elif isinstance(message, PromptEvent):
             self.phase = "prefill"
