@@ -145,12 +145,19 @@ namespace vnni_path {
 #undef MLXD_VNNI
 #pragma GCC pop_options
 }  // namespace vnni_path
+
+namespace zmm_path {
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+#include "quantized_tiles512.inc"
+#pragma GCC pop_options
+}  // namespace zmm_path
 #endif
 
-enum class Isa { scalar, avx2, vnni };
+enum class Isa { scalar, avx2, vnni, avx512 };
 
-// The widest inner loop this CPU runs; MLXD_QUANTIZED_ISA=scalar|avx2 picks a narrower
-// one (the tests compare them: all give the same bits).
+// The widest inner loop this CPU runs; MLXD_QUANTIZED_ISA=scalar|avx2|avx-vnni picks a
+// narrower one (the tests compare them: all give the same bits).
 Isa isa() {
 #if defined(__x86_64__)
   static const Isa chosen = [] {
@@ -161,7 +168,13 @@ Isa isa() {
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))) {
       return Isa::scalar;
     }
-    if (cap != "avx2" && __builtin_cpu_supports("avxvnni")) return Isa::vnni;
+    if (cap == "avx2") return Isa::avx2;
+    if (cap != "avx-vnni" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vnni")) {
+      return Isa::avx512;
+    }
+    if (__builtin_cpu_supports("avxvnni")) return Isa::vnni;
     return Isa::avx2;
   }();
   return chosen;
@@ -176,6 +189,7 @@ using RowsFn = void (*)(const Layout&, const uint8_t*, const void*, const void*,
 // The loop that computes a block of outputs on this path, for this weight width.
 RowsFn rows_for(Isa path, int bits) {
 #if defined(__x86_64__)
+  if (path == Isa::avx512) return bits == 4 ? zmm_path::rows_avx512<4> : zmm_path::rows_avx512<8>;
   if (path == Isa::vnni) return bits == 4 ? vnni_path::rows_avx2<4> : vnni_path::rows_avx2<8>;
   if (path == Isa::avx2) return bits == 4 ? madd_path::rows_avx2<4> : madd_path::rows_avx2<8>;
 #endif
@@ -186,6 +200,7 @@ RowsFn rows_for(Isa path, int bits) {
 
 const char* gemv_isa() {
   switch (isa()) {
+    case Isa::avx512: return "avx512-vnni";
     case Isa::vnni: return "avx-vnni";
     case Isa::avx2: return "avx2";
     default: return "scalar";
@@ -229,7 +244,7 @@ void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* bia
   // item's weight rows pass over them. Every output is one (row, column) pair computed
   // whole by one item, so the split never changes a bit.
   const RowsFn rows = rows_for(path, L.bits);
-  const int64_t rows_per_item = std::max<int64_t>(2, std::min<int64_t>(16, L.N / (8 * kernel_threads())) & ~int64_t{1});
+  const int64_t rows_per_item = std::max<int64_t>(2, std::min<int64_t>(16, L.N / (8 * kernel_threads())) & ~int64_t{3});
   const int64_t row_items = (L.N + rows_per_item - 1) / rows_per_item;
   const int64_t chunks = (M + kRowChunk - 1) / kRowChunk;
   parallel_for(row_items * chunks, static_cast<double>(L.N) * L.K * std::max<int64_t>(M, 2) / 4, [&](int64_t item) {
