@@ -19,6 +19,7 @@ from router.body_limit import BodyLimitMiddleware
 from router.drain_gate import DrainGateMiddleware, DrainState
 from router.reload import Reloader
 from router.request_id import RequestIdMiddleware
+from router.send_timeout import SendTimeoutMiddleware
 from router.startup_gate import StartupGateMiddleware, StartupState
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
@@ -79,7 +80,8 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     app = Starlette(
         routes=routes,
         # outermost first: what a web page may send is settled before the body is read or the key checked
-        middleware=[Middleware(RequestIdMiddleware), *web_middleware(config, keys),
+        middleware=[Middleware(SendTimeoutMiddleware, timeout_s=config.stream_send_timeout_s),
+                    Middleware(RequestIdMiddleware), *web_middleware(config, keys),
                     Middleware(DrainGateMiddleware, state=drain),
                     Middleware(StartupGateMiddleware, state=startup),
                     Middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes),
