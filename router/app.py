@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from router import admin, admin_cache
+from router import admin, admin_cache, openapi
 from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.api_keys import KeyState, key_ring
@@ -57,6 +57,7 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     routes = [
         Route("/health", health.health, methods=["GET"]),
         Route("/api/hello", health.hello, methods=["GET"]),  # HEAD too: Starlette adds it to every GET
+        Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_count_tokens.count_tokens, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
