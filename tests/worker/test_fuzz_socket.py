@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.codec import decode, encode
-from protocol.errors import ProtocolError
 from protocol.messages import (
     PROTOCOL_VERSION,
     AddRequest,
