@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -49,12 +50,48 @@ def _nested_fields(cls: type) -> dict[str, type]:
     return nested
 
 
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    """The type of each wire field of `cls` (frame fields travel as an index, checked later)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if not f.metadata.get(FRAME)}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a decoded msgpack value has the shape of the field type `hint`: a peer's
+    message with a list where a string belongs must fail here, as a ProtocolError, not
+    later in whatever code first uses the value (the kvstore's writer thread did)."""
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, option) for option in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_fits(v, item) for v in value)
+    if origin is dict:
+        key_hint, value_hint = typing.get_args(hint)
+        return isinstance(value, dict) and all(_fits(k, key_hint) and _fits(v, value_hint) for k, v in value.items())
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float))
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, hint)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # a type this check does not know: the message class's own concern
+
+
 def _from_plain(cls: type, data: dict[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     kwargs = {k: v for k, v in data.items() if k in known}
     for name, sub in _nested_fields(cls).items():
         if isinstance(kwargs.get(name), dict):
             kwargs[name] = _from_plain(sub, kwargs[name])
+    for name, hint in _field_hints(cls).items():
+        if name in kwargs and not _fits(kwargs[name], hint):
+            raise TypeError(f"{name} is {type(kwargs[name]).__name__}, not {getattr(hint, '__name__', hint)}")
     return cls(**kwargs)
 
 

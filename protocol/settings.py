@@ -64,6 +64,9 @@ class WorkerSettings:
     prefix_cache: bool = setting(
         True, "reuse computed prompt prefixes across requests; off only to measure what the cache saves")
     max_context_tokens: int = setting(0, "cap on prompt + output tokens; 0 means the model's own context length")
+    max_prompt_tokens: int = setting(
+        0, "most prompt tokens one request may hold (400, as a prompt over the context window is); 0: the window "
+        "alone limits it")
     max_output_tokens: int = setting(
         4096,
         "most tokens one request may generate: a request without max_tokens gets the rest of the context window "
@@ -75,7 +78,7 @@ class WorkerSettings:
     def check(self) -> None:
         """Raise `SettingError` naming the first setting out of range."""
         _positive(self, "max_num_seqs", "max_queue", "prefill_chunk_tokens", "block_tokens", "max_output_tokens")
-        for key in ("batch_window_ms", "max_context_tokens"):
+        for key in ("batch_window_ms", "max_context_tokens", "max_prompt_tokens"):
             if getattr(self, key) < 0:
                 raise SettingError(key, f"must be >= 0, got {getattr(self, key)!r}")
         _choices(self)

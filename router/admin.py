@@ -22,7 +22,7 @@ def _pool(request: Request) -> WorkerPool:
     return request.app.state.pool
 
 
-def _version() -> str:
+def service_version() -> str:
     try:
         return importlib.metadata.version("mlxd")
     except importlib.metadata.PackageNotFoundError:
@@ -116,7 +116,7 @@ async def status(request: Request) -> Response:
     memory = psutil.virtual_memory()
     models = [_model_status(pool, m, now) for m in pool.models]
     body = {
-        "version": _version(),
+        "version": service_version(),
         "uptime_s": round(now - pool.started_at, 1),
         "memory": {
             "total_bytes": memory.total,

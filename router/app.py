@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from router import admin, admin_cache, dashboard, metrics_route
+from router import admin, admin_cache, dashboard, metrics_route, openapi
 from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.api_keys import KeyState, key_ring
@@ -20,6 +20,7 @@ from router.body_limit import BodyLimitMiddleware
 from router.drain_gate import DrainGateMiddleware, DrainState
 from router.reload import Reloader
 from router.request_id import RequestIdMiddleware
+from router.send_timeout import SendTimeoutMiddleware
 from router.startup_gate import StartupGateMiddleware, StartupState
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
@@ -57,6 +58,7 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     routes = [
         Route("/health", health.health, methods=["GET"]),
         Route("/api/hello", health.hello, methods=["GET"]),  # HEAD too: Starlette adds it to every GET
+        Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_count_tokens.count_tokens, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
@@ -84,7 +86,8 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     app = Starlette(
         routes=routes,
         # outermost first: what a web page may send is settled before the body is read or the key checked
-        middleware=[Middleware(RequestIdMiddleware),
+        middleware=[Middleware(SendTimeoutMiddleware, timeout_s=config.stream_send_timeout_s),
+                    Middleware(RequestIdMiddleware),
                     Middleware(metrics_route.RequestMetricsMiddleware, pool=pool, routes=routes),
                     *web_middleware(config, keys),
                     Middleware(DrainGateMiddleware, state=drain),

@@ -6,6 +6,8 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.errors import RequestError
+from router.api import anthropic_errors
+from router.auth import is_anthropic
 from router.http_errors import error_response
 
 
@@ -51,11 +53,15 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length", "")
+        headers = Headers(scope=scope)
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_bytes:
             await _drain(receive, DRAIN_LIMIT_BYTES)
             error = _too_large(self.max_bytes)
-            response = error_response(413, error.message, error.error_type, None, error.code)
+            if is_anthropic(scope, headers):  # as the route answers a chunked body over the cap
+                response = anthropic_errors.error_response(413, "request_too_large", error.message)
+            else:
+                response = error_response(413, error.message, error.error_type, None, error.code)
             await response(scope, receive, send)
             return
         received = 0

@@ -315,6 +315,9 @@ def claim_home(home: Path) -> FileLock | None:
         return None
 
 
+SEND_BUFFER_BYTES = 128 << 10
+
+
 def _listen_socket(host: str, port: int) -> socket.socket:
     """Bind the HTTP port before loading the model, so a busy port fails in a second."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -324,6 +327,10 @@ def _listen_socket(host: str, port: int) -> socket.socket:
     # SDK client) each answer's second write waited for the client's delayed ACK:
     # ~40 ms per request (measured 44 ms for GET /v1/models, 1 ms with it).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # Inherited too: a fixed send buffer (Linux doubles it) instead of one the kernel grows
+    # to 4 MiB, so a client that stops reading its stream fills it in a few hundred tokens
+    # and stream_send_timeout_s cancels the request, rather than megabytes later.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
     try:
         sock.bind((host, port))
     except OSError:

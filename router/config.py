@@ -106,6 +106,16 @@ class RouterConfig:
         "largest request body accepted (413 above it); 8 MiB holds a 1M-token conversation's text, and a "
         "bigger body only costs memory and time",
     )
+    max_messages: int = setting(
+        10_000,
+        "most messages (or Responses input items, history included) one request may hold (400 above it); a "
+        "long agent session has hundreds, and each one costs the template renderer time",
+    )
+    stream_send_timeout_s: float = setting(
+        60.0,
+        "how long a write to a client may wait for it to read (a stalled client holds at most the socket's "
+        "buffers); past it the request is cancelled, so its decode slot goes to others",
+    )
     normalize_billing_header: bool = setting(
         True,
         "drop the per-request billing line Claude Code puts first in its system prompt "
@@ -295,7 +305,7 @@ def _check(config: RouterConfig) -> None:
             getattr(config, section).check()
         except SettingError as exc:
             raise ConfigError(exc.key, exc.message) from None
-    positive = ("sse_keepalive_s", "max_body_bytes", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
+    positive = ("sse_keepalive_s", "max_body_bytes", "max_messages", "stream_send_timeout_s", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
                 "restart_backoff_s", "restart_backoff_max_s", "max_start_failures")
     for key in positive:
         if not getattr(config, key) > 0:

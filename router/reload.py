@@ -32,8 +32,8 @@ logger = logging.getLogger(__name__)
 # log handlers): a new value takes a restart of the service
 RESTART_ONLY = ("host", "port", "home", "model", "model_dir", "worker", "cold_tier", "kvstore_dir",
                 "kvstore", "hot_tier_bytes", "log_level", "log_format", "log_dir", "log_max_bytes", "log_backups",
-                "log_files", "allowed_hosts", "cors_origins", "max_body_bytes", "sse_keepalive_s",
-                "normalize_billing_header")
+                "log_files", "allowed_hosts", "cors_origins", "max_body_bytes", "stream_send_timeout_s",
+                "sse_keepalive_s", "normalize_billing_header")
 # per-model settings the kvstore took at its start
 MODEL_RESTART_ONLY = ("max_disk_bytes",)
 

@@ -56,6 +56,7 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     model_id, profile = pool.resolve(model_name(body))
     request.state.model = model_id  # the `model` label of mlxd_requests_total (router.metrics_route)
     parsed = dialect.parse(body, profile)
+    _check_num_messages(parsed, request.app.state.config.max_messages)
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
     supervisor = await pool.acquire(model_id)
@@ -73,6 +74,15 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     except BaseException:
         stream.abort()  # no answer will read it: free its slot (a no-op once it finished)
         raise
+
+
+def _check_num_messages(parsed: ParsedRequest, max_messages: int) -> None:
+    """The 400 for more messages than `max_messages`: counted after the dialect's parse, so
+    Anthropic blocks that become several messages and a Responses history count as sent."""
+    num = len(parsed.add.messages or ())
+    if num > max_messages:
+        raise bad("messages", f"the request holds {num} messages, more than the {max_messages} this server "
+                  "accepts (max_messages); send a shorter conversation", code="too_many_messages")
 
 
 def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest,

@@ -22,7 +22,7 @@ from worker.logprobs import LogprobsReporter
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
-from worker.request_limits import check_logit_bias, context_window, max_new_tokens
+from worker.request_limits import check_logit_bias, check_prompt_cap, context_window, max_new_tokens
 from worker.sampling import make_request_processors, make_request_sampler
 from worker.vocabulary import TokenVocabulary
 
@@ -83,7 +83,9 @@ class Admitter:
         the context window is refused before it is tokenized, since tokenizing megabytes
         takes seconds."""
         check_prompt_fits(request, context_window(request, self._context_length), self._max_token_chars)
-        return self.rendered_ids(request)
+        ids = self.rendered_ids(request)
+        check_prompt_cap(request, len(ids), self._config.max_prompt_tokens)
+        return ids
 
     def rendered_ids(self, request: AddRequest) -> list[int]:
         """The request's prompt as token ids, however long: what `prompt_ids` admits, and

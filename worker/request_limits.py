@@ -19,6 +19,17 @@ def context_window(request: AddRequest, context_length: int) -> int:
     return context_length
 
 
+def check_prompt_cap(request: AddRequest, num_prompt: int, max_prompt_tokens: int) -> None:
+    """The server's prompt cap (`max_prompt_tokens`, 0: none), refused like a prompt over the
+    context window, so a client that compacts on that error (Claude Code) compacts on this."""
+    if 0 < max_prompt_tokens < num_prompt:
+        raise RequestError(
+            f"prompt is {num_prompt} tokens, more than the {max_prompt_tokens} this server accepts "
+            "(max_prompt_tokens); shorten the prompt",
+            param="messages" if request.messages is not None else "prompt", code="context_length_exceeded",
+            num_prompt_tokens=num_prompt, context_window=max_prompt_tokens)
+
+
 def max_new_tokens(request: AddRequest, num_prompt: int, window: int, max_output_tokens: int) -> int:
     """How many tokens the request may generate: what it asks for, or else the rest of
     `window` (as OpenAI's API does), never more than the server's cap (the worker's

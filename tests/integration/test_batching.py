@@ -39,6 +39,14 @@ def test_eight_concurrent_requests_equal_their_single_runs(client, model_id) -> 
     with ThreadPoolExecutor(len(TOPICS)) as pool:
         together = list(pool.map(lambda t: greedy(client, model_id, ask(t)), TOPICS))
     assert together == alone
+    # and with a batched cold prefill: salted, so no block or tail of the runs above is reused
+    with ThreadPoolExecutor(len(TOPICS)) as pool:
+        cold = list(pool.map(lambda t: client.chat.completions.create(
+            model=model_id, messages=ask(t), temperature=0, max_tokens=24,
+            extra_body={"cache_salt": f"cold-{t}"}), TOPICS))
+    assert all(r.usage.prompt_tokens_details is None or not r.usage.prompt_tokens_details.cached_tokens
+               for r in cold), "a salted request reused cached tokens"
+    assert [r.choices[0].message.content for r in cold] == alone
 
 
 def timed_stream(client: openai.OpenAI, model_id: str, messages: list[dict], max_tokens: int,

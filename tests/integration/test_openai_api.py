@@ -120,6 +120,9 @@ def test_seed_reproduces_sampling(client, model_id) -> None:
     first = chat(client, model_id, seed=1234, **kwargs).choices[0].message.content
     second = chat(client, model_id, seed=1234, **kwargs).choices[0].message.content
     assert first == second
+    # and the seed is what decides: other seeds sample other stories
+    others = {chat(client, model_id, seed=seed, **kwargs).choices[0].message.content for seed in (1, 2, 3)}
+    assert len(others | {first}) > 1, "every seed sampled the same tokens"
 
 
 def test_content_parts_are_accepted(client, model_id) -> None:

@@ -1,5 +1,6 @@
 """Restores from a real kvstore process equal computation from scratch, for a sliceable
-(llama) and a snapshot-type (lfm2: ArraysCache + KVCache) model."""
+(llama), a rotating-window (gemma3_text: RotatingKVCache + KVCache) and a state-space
+(lfm2: ArraysCache + KVCache) model."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def kvstore(tmp_path: Path) -> Iterator[str]:
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("arch", ["llama", "lfm2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text", "lfm2"])  # KV, rotating window, conv state
 def test_restore_from_ssd_equals_scratch(arch: str, kvstore: str, default_model_dir: Path) -> None:
     tiny = make_tiny(arch, default_model_dir)
     question = chat("What is topic 4?")

@@ -37,6 +37,17 @@ def test_any_64_bit_seed_samples(tiny, seed: int) -> None:
     assert h.result("a")[0] == h.result("b")[0]  # the same seed, the same tokens
 
 
+def test_the_seed_decides_the_sample(tiny) -> None:
+    """What `seed` is for: other seeds, other tokens (a seed ignored for a fixed one
+    would pass the test above)."""
+    h = Harness(tiny, cache=False)
+    for seed in range(4):
+        add(h, f"s{seed}", temperature=1.0, seed=seed, max_tokens=12)
+    h.run()
+    samples = {tuple(h.result(f"s{seed}")[0]) for seed in range(4)}
+    assert len(samples) > 1, "every seed sampled the same tokens"
+
+
 @pytest.mark.parametrize("token_id", [VOCAB, 100_000, 2**31 - 1])
 def test_logit_bias_outside_the_vocabulary_fails_that_request_only(tiny, token_id: int) -> None:
     h = Harness(tiny, cache=False)

@@ -98,7 +98,9 @@ def test_four_concurrent_requests_sharing_a_prefix(tiny) -> None:
 def test_multi_turn_hits_the_previous_turn(tiny) -> None:
     h = Harness(tiny)
     turn1 = chat("What is topic 5?")
-    ids1, f1 = h.ask(turn1, max_tokens=40)
+    # 20 tokens: turn 1 ends inside the block after the prompt's last whole one, so the
+    # point where turn 2's re-rendered history differs falls in turn 1's tail
+    ids1, f1 = h.ask(turn1, max_tokens=20)
     answer = tiny.tokenizer.decode(ids1)
     turn2 = turn1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And topic 6?"}]
     expected, _ = Harness(tiny).ask(turn2)
@@ -111,6 +113,7 @@ def test_multi_turn_hits_the_previous_turn(tiny) -> None:
     ids2 = _prompt_ids(tok, turn2)
     common = next((i for i, (a, b) in enumerate(zip(ids1, ids2)) if a != b), min(len(ids1), len(ids2)))
     if tiny.config["model_type"] == "llama":  # K/V can be cut anywhere
+        assert common >= (len(ids1) // BLOCK) * BLOCK, "turn 2 differs before turn 1's tail: no tail to test"
         assert f2.usage.cached_tokens == min(common, len(ids2) - 1)
         assert f2.usage.cached_tokens > f1.usage.prompt_tokens
     else:  # snapshot layers: whole prompt blocks, or turn 1's whole tail when it matches
@@ -150,3 +153,32 @@ def _block_bytes(tiny) -> int:
     h.ask(chat("x"), max_tokens=1)
     payload, nbytes = next(iter(h.cache.hot._entries.values()))
     return nbytes
+
+
+def test_a_shuffled_cached_block_changes_the_answer(default_model_dir: Path) -> None:
+    """The tiny models' attention is sharp enough for the equality tests to mean something:
+    the same hit with one cached block's keys reversed in token order (each value now
+    under another token's key; reversing K and V together would change nothing, attention
+    being a sum over (key, value) pairs) gives other greedy tokens than from scratch."""
+    from dataclasses import replace
+
+    import mlx.core as mx
+
+    from protocol.block_keys import chain_keys
+    from worker.kv_blocks import BlockPayload
+
+    tiny = make_tiny("llama", default_model_dir)
+    question = chat("What is topic 3?")
+    scratch, _ = Harness(tiny, cache=False).ask(question, max_tokens=16)
+    h = Harness(tiny)
+    h.ask(question, max_tokens=16)
+    ids = h.engine.prompt_ids(AddRequest("probe", messages=question, sampling=SamplingParams()))
+    key = chain_keys(tiny.fingerprint, ids, BLOCK, None)[2]
+    payload, nbytes = h.cache.hot._entries[key]
+    order = mx.array(list(range(BLOCK))[::-1])
+    layers = tuple(replace(layer, arrays=(mx.take(layer.arrays[0], order, axis=-2), *layer.arrays[1:]))
+                   for layer in payload.layers)
+    h.cache.hot._entries[key] = (BlockPayload(layers, payload.nbytes), nbytes)
+    shuffled, finish = h.ask(question, max_tokens=16)
+    assert finish.usage.cached_tokens >= 4 * BLOCK
+    assert shuffled != scratch, "attention too uniform: a misplaced cached block went unnoticed"

@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import RequestError
 from protocol.messages import AddRequest, SamplingParams
-from worker.request_limits import max_new_tokens
+from worker.request_limits import check_prompt_cap, max_new_tokens
 
 
 def request(max_tokens: int | None = None, cap: int | None = None) -> AddRequest:
@@ -39,3 +39,15 @@ def test_no_room_is_the_context_error() -> None:
     with pytest.raises(RequestError) as raised:
         max_new_tokens(request(), 1000, 1000, 4096)
     assert raised.value.code == "context_length_exceeded"
+
+
+@pytest.mark.parametrize(("num_prompt", "cap", "refused"), [(100, 0, False), (100, 100, False), (101, 100, True)])
+def test_prompt_cap(num_prompt: int, cap: int, refused: bool) -> None:
+    if not refused:
+        check_prompt_cap(request(), num_prompt, cap)
+        return
+    with pytest.raises(RequestError) as raised:
+        check_prompt_cap(request(), num_prompt, cap)
+    error = raised.value
+    assert error.code == "context_length_exceeded" and "max_prompt_tokens" in error.message
+    assert (error.num_prompt_tokens, error.context_window) == (num_prompt, cap)

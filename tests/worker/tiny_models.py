@@ -41,6 +41,25 @@ ARCHS: dict[str, dict[str, Any]] = {
 }
 
 
+# mlx-lm's random init makes a tiny model nearly a bigram model: q and k give every
+# attention score ~0 (uniform attention), and v and o make attention's output small next
+# to the token's own embedding, so a wrong or misplaced cached block hardly moves a token.
+# Scaled by these, attention is sharp and what it reads decides the answer
+# (test_prefix_cache's shuffle check fails at 1.0 and passes here).
+QUERY_KEY_SCALE = 6.0
+VALUE_OUTPUT_SCALE = 4.0
+
+
+def sharpen_attention(model: nn.Module) -> None:
+    """Scale every attention projection (in place): q and k by QUERY_KEY_SCALE, v and o by
+    VALUE_OUTPUT_SCALE."""
+    scales = {"q_proj.weight": QUERY_KEY_SCALE, "k_proj.weight": QUERY_KEY_SCALE,
+              "v_proj.weight": VALUE_OUTPUT_SCALE, "o_proj.weight": VALUE_OUTPUT_SCALE}
+    scaled = [(name, value * scale) for name, value in tree_flatten(model.parameters())
+              for part, scale in scales.items() if name.endswith(part)]
+    model.load_weights(scaled, strict=False)
+
+
 def make_tiny(arch: str, tokenizer_dir: Path, seed: int = 0) -> LoadedModel:
     """A random-weight model of `arch` (fp32), deterministic for a given seed."""
     config = ARCHS[arch]
@@ -48,7 +67,7 @@ def make_tiny(arch: str, tokenizer_dir: Path, seed: int = 0) -> LoadedModel:
     mx.random.seed(seed)
     model: nn.Module = module.Model(module.ModelArgs.from_dict(config))
     model.set_dtype(mx.float32)
-    # scale up the random weights a little so greedy choices are not all ties
+    sharpen_attention(model)
     mx.eval(model.parameters())
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     return LoadedModel(

@@ -1,0 +1,82 @@
+"""Paths that were only tested on a fake worker or a toy app, against the real service:
+requests sent while a worker restarts get a prompt 503 / Retry-After (529 on Anthropic's
+route), never a hang, and streams get keep-alives during a prefill longer than the
+interval, on every dialect."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.service import Service
+
+pytestmark = pytest.mark.timeout(300)
+KEEPALIVE_S = 0.05  # far below any prefill of the long prompt below, so keep-alives must come
+
+
+@pytest.fixture(scope="module")
+def svc(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    service = Service(["--model", str(default_model_dir), "--sse-keepalive-s", str(KEEPALIVE_S),
+                       "--shutdown-drain-s", "0.5"], home=tmp_path_factory.mktemp("home"))
+    try:
+        service.wait_ready()
+        yield service
+    finally:
+        service.stop()
+
+
+@pytest.fixture(scope="module")
+def model(svc: Service) -> str:
+    return httpx.get(f"{svc.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+def long_prompt(salt: str) -> str:
+    return f"{salt}: " + " ".join(f"item{i % 89}" for i in range(700)) + ". Summarize."
+
+
+@pytest.mark.parametrize(("path", "body", "keepalive"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "@"}], "max_tokens": 2}, b": keep-alive"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "@"}], "max_tokens": 2}, b"event: ping"),
+    ("/v1/responses", {"input": "@", "max_output_tokens": 2}, b"response.in_progress"),
+])
+def test_a_long_prefill_streams_keepalives(svc: Service, model: str, path: str, body: dict, keepalive: bytes) -> None:
+    body = {**body, "model": model, "stream": True}
+    text = long_prompt(path)
+    body = {k: ([{**m, "content": text} for m in v] if k == "messages" else text if k == "input" else v)
+            for k, v in body.items()}
+    seen = b""
+    with httpx.stream("POST", f"{svc.base_url}{path}", json=body, timeout=120) as answer:
+        assert answer.status_code == 200
+        for chunk in answer.iter_bytes():
+            seen += chunk
+    assert seen.count(keepalive) >= 2 + (path == "/v1/responses"), seen[:600]
+
+
+def test_requests_during_a_worker_restart_get_503_then_it_serves(svc: Service, model: str) -> None:
+    restart = threading.Thread(target=lambda: httpx.post(f"{svc.base_url}/admin/workers/{model}/restart",
+                                                         timeout=120))
+    restart.start()
+    deadline = time.monotonic() + 60
+    while svc.health()["workers"][model]["state"] == "ready":
+        assert time.monotonic() < deadline, "the worker never left ready"
+        time.sleep(0.01)
+    chat_body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
+    started = time.monotonic()
+    openai_answer = httpx.post(f"{svc.base_url}/v1/chat/completions", json=chat_body, timeout=60)
+    anthropic_answer = httpx.post(f"{svc.base_url}/v1/messages", json=chat_body, timeout=60)
+    elapsed = time.monotonic() - started
+    restart.join(120)
+    if svc.health()["workers"][model]["state"] == "ready" and openai_answer.status_code == 200:
+        pytest.fail("the restart finished before the requests arrived: nothing was tested")
+    assert openai_answer.status_code == 503 and openai_answer.headers["retry-after"], openai_answer.text
+    assert openai_answer.json()["error"]["code"] == "worker_unavailable"
+    assert anthropic_answer.status_code == 529 and anthropic_answer.json()["error"]["type"] == "overloaded_error"
+    assert elapsed < 10, "a request during a restart must be refused at once, not held"
+    svc.wait_ready(120)
+    served = httpx.post(f"{svc.base_url}/v1/chat/completions", json=chat_body, timeout=60)
+    assert served.status_code == 200, served.text
