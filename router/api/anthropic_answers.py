@@ -11,7 +11,6 @@ aborts the request at the worker.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -30,7 +29,7 @@ from protocol.messages import (
     Usage,
 )
 from router.api.anthropic_errors import stream_error_body
-from router.api.openai_answers import CLIENT_CLOSED_REQUEST, wait_for_disconnect
+from router.api.openai_answers import answer_whole
 from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import (
     ArgumentsDelta,
@@ -205,20 +204,11 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
 
 
 async def _answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:
-    """The whole answer, unless the client hangs up first (then the request is aborted)."""
-    collect = asyncio.ensure_future(_collect(parsed, stream))
-    gone = asyncio.ensure_future(wait_for_disconnect(request))
-    try:
-        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not collect.done():
-            collect.cancel()
-    if collect.done() and not collect.cancelled():
-        return collect.result()  # raises the request's error for the route to answer
-    stream.abort()
-    logger.info("client went away; request %s aborted", parsed.add.request_id)
-    return Response(status_code=CLIENT_CLOSED_REQUEST)
+    """The whole message, unless the client hangs up first (then the request is aborted).
+    A long prefill pads the 200's body with whitespace as the OpenAI routes do, so
+    clients' read timeouts never fire on a message still being computed; an error after
+    that travels in the body in Anthropic's shape."""
+    return await answer_whole(request, parsed, stream, _collect, late_error=stream_error_body)
 
 
 async def _start_stream(request: Request, parsed: ParsedRequest, stream: RequestStream) -> Response:

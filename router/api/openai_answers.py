@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -81,15 +82,23 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
+def openai_late_error(exc: RequestError | WorkerDead) -> dict[str, Any]:
+    """OpenAI's error body for an error that comes after a padded 200 has started."""
+    return request_error_body(exc) if isinstance(exc, RequestError) else worker_dead_body(exc)
+
+
 async def answer_whole(request: Request, parsed: ParsedRequest, stream: RequestStream,
-                       collect: Callable[[ParsedRequest, RequestStream], Awaitable[Response]]) -> Response:
+                       collect: Callable[[ParsedRequest, RequestStream], Awaitable[Response]],
+                       late_error: Callable[[RequestError | WorkerDead], dict[str, Any]] = openai_late_error
+                       ) -> Response:
     """The whole answer `collect` builds from the events, unless the client hangs up
     first (then abort). Every dialect that answers in one JSON body shares this.
 
     An answer not ready within one keep-alive interval (a long prefill) is sent as a
     200 whose body starts with whitespace, one space per interval, then the JSON: that
     keeps clients' read timeouts from firing, and JSON parsers skip leading whitespace.
-    Errors that come later travel in that body in OpenAI's error shape.
+    Errors that come later travel in that body, in the shape `late_error` gives (the
+    route's API's error body).
     """
     task = asyncio.ensure_future(collect(parsed, stream))
     gone = asyncio.ensure_future(wait_for_disconnect(request))
@@ -109,7 +118,7 @@ async def answer_whole(request: Request, parsed: ParsedRequest, stream: RequestS
         logger.info("client went away; request %s aborted", parsed.add.request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     gone.cancel()  # the streaming response watches for disconnects from here on
-    return EventStreamResponse(_padded_body(task, keepalive_s), on_close=lambda: _cancel(task, stream),
+    return EventStreamResponse(_padded_body(task, keepalive_s, late_error), on_close=lambda: _cancel(task, stream),
                                media_type="application/json")
 
 
@@ -118,7 +127,8 @@ def _cancel(task: asyncio.Future, stream: RequestStream) -> None:
     stream.abort()
 
 
-async def _padded_body(collect: asyncio.Future, keepalive_s: float) -> AsyncIterator[bytes]:
+async def _padded_body(collect: asyncio.Future, keepalive_s: float,
+                       late_error: Callable[[RequestError | WorkerDead], dict[str, Any]]) -> AsyncIterator[bytes]:
     while True:
         done, _ = await asyncio.wait({collect}, timeout=keepalive_s)
         if done:
@@ -126,11 +136,8 @@ async def _padded_body(collect: asyncio.Future, keepalive_s: float) -> AsyncIter
         yield b" "
     try:
         response = collect.result()
-    except RequestError as exc:
-        yield json.dumps(request_error_body(exc)).encode()
-        return
-    except WorkerDead as exc:
-        yield json.dumps(worker_dead_body(exc)).encode()
+    except (RequestError, WorkerDead) as exc:
+        yield json.dumps(late_error(exc)).encode()
         return
     yield bytes(response.body)
 

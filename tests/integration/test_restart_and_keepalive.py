@@ -57,6 +57,26 @@ def test_a_long_prefill_streams_keepalives(svc: Service, model: str, path: str, 
     assert seen.count(keepalive) >= 2 + (path == "/v1/responses"), seen[:600]
 
 
+@pytest.mark.parametrize(("path", "kind"), [("/v1/chat/completions", "chat.completion"), ("/v1/messages", "message")])
+def test_a_long_prefill_pads_a_whole_answer(svc: Service, model: str, path: str, kind: str) -> None:
+    """A non-streamed answer behind a long prefill starts with whitespace (one space per
+    keep-alive interval), so no read timeout fires, and the JSON after it parses."""
+    body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": long_prompt("whole" + path)}]}
+    answer = httpx.post(f"{svc.base_url}{path}", json=body, timeout=120)
+    assert answer.status_code == 200
+    assert answer.content.startswith(b"  "), answer.content[:80]
+    parsed = answer.json()
+    assert parsed.get("object", parsed.get("type")) == kind, parsed
+
+
+def test_a_padded_anthropic_answer_parses_in_the_sdk(svc: Service, model: str) -> None:
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=svc.base_url, api_key="unused", max_retries=0)
+    message = client.messages.create(model=model, max_tokens=2,
+                                     messages=[{"role": "user", "content": long_prompt("sdk")}])
+    assert message.type == "message" and message.usage.input_tokens > 700
+
+
 def test_requests_during_a_worker_restart_get_503_then_it_serves(svc: Service, model: str) -> None:
     restart = threading.Thread(target=lambda: httpx.post(f"{svc.base_url}/admin/workers/{model}/restart",
                                                          timeout=120))
