@@ -74,10 +74,15 @@ class WorkerSettings:
         "a slot for the whole window)")
     dtype: str = setting(
         "auto", "weight dtype the worker computes in; auto picks the fastest for the device", choices=DTYPES)
+    mlx_cache_mb: int = setting(
+        256, "freed MLX buffers a worker keeps for reuse (MB); beyond this they go back to the system, and all go "
+        "back whenever the worker falls idle, so a worker's RSS follows what it holds live")
 
     def check(self) -> None:
         """Raise `SettingError` naming the first setting out of range."""
         _positive(self, "max_num_seqs", "max_queue", "prefill_chunk_tokens", "block_tokens", "max_output_tokens")
+        if self.mlx_cache_mb < 0:
+            raise SettingError("mlx_cache_mb", f"must be >= 0, got {self.mlx_cache_mb!r}")
         for key in ("batch_window_ms", "max_context_tokens", "max_prompt_tokens"):
             if getattr(self, key) < 0:
                 raise SettingError(key, f"must be >= 0, got {getattr(self, key)!r}")

@@ -66,6 +66,8 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
         "restarts": supervisor.num_restarts if supervisor else 0,
         "recent_prompt_tok_s": _rate([e.timings.prompt_tokens_per_s for e in recent]),
         "recent_decode_tok_s": _rate([e.timings.decode_tokens_per_s for e in recent]),
+        # the worker's MLX arrays: live, freed but kept for reuse (capped by mlx_cache_mb), peak
+        "mlx_memory": {key: worker_stats.get(f"mlx_{key}_bytes", 0) for key in ("active", "cache", "peak")},
         "hot_tier": hot_tier,
         "hot_cache": hot_tier,  # the old name, kept until 0.2 (README: Admin status)
     }

@@ -109,9 +109,15 @@ class Engine:
             and all(active.prefill_started_at is None for active in self._by_request.values())
         )
 
+    def release_idle_memory(self) -> None:
+        """The worker fell idle: MLX's freed buffers go back to the system, so RSS follows
+        what the worker holds (weights, hot tier) rather than its busiest batch."""
+        mx.clear_cache()
+
     def stats(self) -> dict[str, int | float]:
         """Memory and cache counters, sent with every pong for the status route."""
         return {"mlx_active_bytes": mx.get_active_memory(), "mlx_peak_bytes": mx.get_peak_memory(),
+                "mlx_cache_bytes": mx.get_cache_memory(),
                 "num_active": self.num_active, **self.prefix_cache.stats()}
 
     def add(self, request: AddRequest, prepared: PreparedPrompt | None = None, arrived: float | None = None) -> None:

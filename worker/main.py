@@ -177,6 +177,12 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     from worker.prefix_cache import PrefixCache
     from worker.prompt_preparer import PromptPreparer
 
+    import mlx.core as mx
+
+    # MLX keeps every freed buffer for reuse and, uncapped, its cache grows with each new
+    # batch shape: the soak saw a worker's RSS grow 38% under steady load while its hot
+    # tier stayed flat.
+    mx.set_cache_limit(settings.mlx_cache_mb * 2**20)
     try:
         loaded = load_for_serving(config.model_path, settings.dtype)
     except Exception as exc:
@@ -323,6 +329,7 @@ def _handle(message: Message, channel: _Channel, engine: Engine, preparer: Promp
 def _loop(channel: _Channel, engine: Engine, preparer: PromptPreparer, parent_pid: int, flags: _Flags,
           batch_window_ms: int) -> int:
     """Requests in, steps, events out, until told to stop or orphaned."""
+    busy = False
     while True:
         if os.getppid() != parent_pid:
             log.warning("router went away; exiting")
@@ -343,3 +350,7 @@ def _loop(channel: _Channel, engine: Engine, preparer: PromptPreparer, parent_pi
         if engine.has_work():
             with channel.batched():  # one message per step, however many streams
                 engine.step()
+            busy = True
+        elif busy:
+            engine.release_idle_memory()
+            busy = False
