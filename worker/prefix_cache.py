@@ -305,16 +305,17 @@ class PrefixCache:
         return PinResult(hot_blocks=len(present), hot_bytes=sum(present))
 
     def store_pinned(self, keys: Sequence[BlockKey]) -> PinResult:
-        """Make sure each of `keys` is on SSD: those the kvstore lacks are written from the
-        hot tier, then the writes are flushed (waits for the kvstore's fsync). Thread-safe
-        (runs on the tokenizer thread): payloads are read with `peek`, and handing blocks
-        to the writer goes through its queue."""
+        """Make sure each of `keys` is on SSD: the writes already queued are flushed first,
+        then those the kvstore still lacks are written from the hot tier and flushed too
+        (each flush waits for the kvstore's fsync). Thread-safe (runs on the tokenizer
+        thread): payloads are read with `peek`, and blocks reach the writer through its queue."""
         keys = [BlockKey(bytes(k)) for k in keys]
         result = self._pin_result(keys)
         if self.cold is None:
             result.flushed = False
             result.missing_blocks = len(keys) - result.hot_blocks
             return result
+        result.flushed = self.cold.flush()
         on_ssd = self.cold.probe(keys)
         if on_ssd is None:
             result.flushed = False
@@ -328,7 +329,8 @@ class PrefixCache:
                 continue
             self.cold.store(key, payload)
             result.written_blocks += 1
-        result.flushed = self.cold.flush()
+        if result.written_blocks:
+            result.flushed = self.cold.flush()
         return result
 
     def capture(self, plan: PrefixPlan, caches: list[Any], tokens: list[int], num_tokens: int) -> int:

@@ -49,13 +49,17 @@ def test_ssd_split_and_pins_with_a_kvstore(arch: str, kvstore: str, default_mode
     tiny = make_tiny(arch, default_model_dir)
     question = chat("What is topic 5?")
     writer = Harness(tiny, cold=ColdTier(kvstore, f"probe-{arch}"))
-    writer.ask(question)
+    cold, writer.cache.cold = writer.cache.cold, None
+    writer.ask(question)  # computed with the cold tier out of the way: only the hot tier has its blocks
+    writer.cache.cold = cold
     found = writer.engine.probe_cache(ProbeCache(AddRequest("p", messages=question)))
     keys = found.keys
+    assert found.cold_tier == "ok" and not any(found.on_ssd) and set(found.tiers) == {"hot"}
     pinned = writer.cache.pin("snap", keys)
     assert pinned.hot_blocks == len(keys) and pinned.hot_bytes > 0
     stored = writer.cache.store_pinned(keys)  # writes what the kvstore lacks, and flushes
-    assert stored.flushed and stored.missing_blocks == 0
+    assert stored.flushed and stored.missing_blocks == 0 and stored.written_blocks == len(keys)
+    assert writer.cache.store_pinned(keys).written_blocks == 0  # now it has them all
     assert writer.cache.cold.probe(keys) == [True] * len(keys)
     assert writer.cache.stats()["snapshots"] == {"snap": [len(keys), pinned.hot_bytes]}
     writer.cache.clear()
