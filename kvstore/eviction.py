@@ -1,4 +1,5 @@
-"""Which blocks to evict (least recently used) and which segments to reclaim.
+"""Which blocks to evict (least recently used, never a pinned one) and which segments to
+reclaim.
 
 Eviction only marks index slots dead; disk space comes back when a segment is deleted
 (all dead) or compacted (its live records copied forward, then the file deleted).
@@ -7,7 +8,7 @@ Eviction only marks index slots dead; disk space comes back when a segment is de
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,17 +16,23 @@ COMPACT_DEAD_FRACTION = 0.5  # compacting moves at most half a segment to free t
 
 
 class LRUOrder:
-    """Live slots from least to most recently used, kept per namespace.
+    """Live slots from least to most recently used, kept per namespace, and the pinned
+    slots (blocks of named snapshots), which are never offered for eviction.
 
-    Invariant: every live slot is in exactly one namespace's order, with its last use;
-    within a namespace, last uses increase from oldest to newest (callers touch with a
-    clock that only goes up).
+    Invariants: every live slot is in exactly one namespace's order or in the pinned set,
+    with its last use; within a namespace, last uses increase from oldest to newest
+    (callers touch with a clock that only goes up, and an unpinned slot goes back in its
+    place by last use).
     """
 
     def __init__(self) -> None:
         self._by_namespace: dict[int, OrderedDict[int, int]] = {}
+        self._pinned: dict[int, tuple[int, int]] = {}  # slot -> (namespace id, last use)
 
     def add(self, slot: int, namespace_id: int, last_use: int) -> None:
+        if slot in self._pinned:
+            self._pinned[slot] = (namespace_id, last_use)
+            return
         order = self._by_namespace.setdefault(namespace_id, OrderedDict())
         order[slot] = last_use
         order.move_to_end(slot)
@@ -33,12 +40,41 @@ class LRUOrder:
     touch = add
 
     def remove(self, slot: int, namespace_id: int) -> None:
+        self._pinned.pop(slot, None)
         order = self._by_namespace.get(namespace_id)
         if order is not None:
             order.pop(slot, None)
 
+    def pin(self, slot: int, namespace_id: int) -> None:
+        """Take a live slot out of the eviction order (it keeps its last use)."""
+        if slot in self._pinned:
+            return
+        order = self._by_namespace.get(namespace_id)
+        last_use = order.pop(slot, 0) if order is not None else 0
+        self._pinned[slot] = (namespace_id, last_use)
+
+    def unpin(self, slots: Iterable[int]) -> None:
+        """Put pinned slots back in the eviction order, each where its last use puts it."""
+        back: dict[int, list[tuple[int, int]]] = {}
+        for slot in slots:
+            entry = self._pinned.pop(slot, None)
+            if entry is not None:
+                back.setdefault(entry[0], []).append((slot, entry[1]))
+        for namespace_id, entries in back.items():
+            order = self._by_namespace.setdefault(namespace_id, OrderedDict())
+            merged = sorted([*order.items(), *entries], key=lambda item: item[1])
+            self._by_namespace[namespace_id] = OrderedDict(merged)
+
+    def is_pinned(self, slot: int) -> bool:
+        return slot in self._pinned
+
+    def pinned(self) -> list[tuple[int, int]]:
+        """(slot, namespace id) of every pinned slot."""
+        return [(slot, entry[0]) for slot, entry in self._pinned.items()]
+
     def oldest(self, namespace_id: int | None = None) -> int | None:
-        """The least recently used slot, in one namespace or across all of them."""
+        """The least recently used slot that is not pinned, in one namespace or across
+        all of them."""
         if namespace_id is not None:
             order = self._by_namespace.get(namespace_id)
             return next(iter(order), None) if order else None
@@ -51,10 +87,11 @@ class LRUOrder:
         return best[0] if best else None
 
     def slots(self, namespace_id: int) -> list[int]:
+        """The namespace's slots that are not pinned, least recently used first."""
         return list(self._by_namespace.get(namespace_id, ()))
 
     def __len__(self) -> int:
-        return sum(len(order) for order in self._by_namespace.values())
+        return sum(len(order) for order in self._by_namespace.values()) + len(self._pinned)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The kvstore process: a ROUTER socket loop in front of a `KVStore`, and its writer thread.
 
-Gets, lookups and stats are answered on the socket loop; puts, flushes and clears go, in
-arrival order, through a bounded queue to one writer thread, so the loop never waits on
+Gets, lookups, probes, stats and snapshot lists are answered on the socket loop; puts,
+flushes, clears, pins and unpins go, in arrival order, through a bounded queue to one
+writer thread, so the loop never waits on
 the disk. The writer's answers come back to the loop over an inproc socket. Supervised, it
 says Hello to the router on a control socket, gets its `KVStoreConfig`, opens the store,
 binds, sends `KVStoreReady`, and answers pings on the same loop, so a stuck loop is hung.
@@ -36,7 +37,13 @@ from protocol.messages import (
     KVGetResult,
     KVLookup,
     KVLookupResult,
+    KVPin,
+    KVProbe,
+    KVProbeResult,
     KVPut,
+    KVSnapshots,
+    KVSnapshotsResult,
+    KVUnpin,
     KVStats,
     KVStatsResult,
     KVStoreConfig,
@@ -94,7 +101,12 @@ class _Server:
             self._reply(identity, KVGetResult(message.request_id, [p is not None for p in payloads]), found)
         elif isinstance(message, KVPut):
             self._put(message, frames)
-        elif isinstance(message, (KVFlush, KVClear)):
+        elif isinstance(message, KVProbe):
+            self._reply(identity, KVProbeResult(message.request_id, self.store.probe(message.namespace,
+                                                                                     _keys(message.keys))))
+        elif isinstance(message, KVSnapshots):
+            self._reply(identity, KVSnapshotsResult(message.request_id, self.store.snapshots(message.namespace)))
+        elif isinstance(message, (KVFlush, KVClear, KVPin, KVUnpin)):
             self.queue.push(Reply(identity, message))
         elif isinstance(message, KVStats):
             self._reply(identity, KVStatsResult(message.request_id, self.stats()))

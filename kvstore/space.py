@@ -1,6 +1,7 @@
 """Room on disk for a `KVStore`: appending records to segment files, and keeping the
-bytes under the caps by evicting least recently used blocks, compacting segments whose
-records are mostly dead, and deleting segments with none live."""
+bytes under the caps by evicting least recently used blocks (never those a snapshot pins:
+they count against the caps all the same), compacting segments whose records are mostly
+dead, and deleting segments with none live."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kvstore.counters import NamespaceStats, StoreCounters
 from kvstore.eviction import LRUOrder, ReclaimStep, SegmentUsage, plan_reclaim
 from kvstore.index import IndexRecord, IndexTable
 from kvstore.namespaces import NamespaceTable
+from kvstore.pins import PinSet
 from kvstore.segments import CorruptRecord, SegmentWriter, read_raw_record, segment_path
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ class SpaceKeeper:
     A base class rather than an object of its own: it works on the store's own tables
     (index, LRU order, segment and namespace usage), which `KVStore` builds at open and
     replaces wholesale on a clear, under the store's lock. Invariants:
-    - bytes under `root` (segments, index.bin, namespaces.json) stay within
+    - bytes under `root` (segments, index.bin, namespaces.json, pins.json) stay within
       `max_disk_bytes`, plus at most half a segment while a compaction copies records;
     - `_usage[n]` mirrors segment file n: its size, live record bytes and live slots;
     - `_ns_stats[i]` holds the live bytes and blocks of namespace id i;
@@ -39,6 +41,7 @@ class SpaceKeeper:
     _segments_dir: Path
     _index: IndexTable
     _namespaces: NamespaceTable
+    _pins: PinSet
     _lru: LRUOrder
     _ns_stats: defaultdict[int, NamespaceStats]
     _usage: dict[int, SegmentUsage]
@@ -49,7 +52,11 @@ class SpaceKeeper:
     @property
     def disk_bytes(self) -> int:
         segments = sum(usage.size for usage in self._usage.values())
-        return segments + self._index.file_bytes + self._namespaces.file_bytes
+        return segments + self._index.file_bytes + self._namespaces.file_bytes + self._pins.file_bytes
+
+    def _wants_pinned(self, record: IndexRecord) -> bool:
+        """Whether a snapshot pins this record (`KVStore` keeps the pins)."""
+        return False
 
     def _make_room(self, namespace_id: int | None, namespace: str, size: int) -> bool:
         """Evict (and reclaim segments) until a record of `size` fits every cap."""
@@ -59,10 +66,10 @@ class SpaceKeeper:
                 return False
             while self._ns_stats[namespace_id].bytes + size > cap:
                 victim = self._lru.oldest(namespace_id)
-                if victim is None:
-                    break
+                if victim is None:  # what is left of it is pinned
+                    return False
                 self._evict(victim)
-        if self._index.file_bytes + self._namespaces.file_bytes + size > self.max_disk_bytes:
+        if self._index.file_bytes + self._namespaces.file_bytes + self._pins.file_bytes + size > self.max_disk_bytes:
             return False
         while self.disk_bytes + size > self.max_disk_bytes:
             victim = self._lru.oldest()
@@ -154,8 +161,11 @@ class SpaceKeeper:
         return fd
 
     def _track(self, slot: int, record: IndexRecord) -> None:
-        """Count a live record in the LRU order and the usage tables."""
+        """Count a live record in the LRU order (out of it, if a snapshot pins it) and
+        the usage tables."""
         self._lru.add(slot, record.namespace_id, record.last_use)
+        if self._wants_pinned(record):
+            self._lru.pin(slot, record.namespace_id)
         usage = self._usage[record.segment]
         usage.live_bytes += record.length
         usage.slots.add(slot)

@@ -14,11 +14,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from kvstore.counters import NamespaceStats, StoreCounters
 from kvstore.eviction import LRUOrder, SegmentUsage
 from kvstore.index import IndexRecord, IndexTable, open_index
 from kvstore.namespaces import NamespaceTable
+from kvstore.pins import PINS_FILE, PinSet, Snapshot
 from kvstore.segments import CorruptRecord, SegmentWriter, encode_record, list_segments, read_record, scan_segment
 from kvstore.space import SpaceKeeper
 from protocol.atomic_files import TEMP_SUFFIX, sync_directory
@@ -93,6 +95,7 @@ class KVStore(SpaceKeeper):
                 log.warning("%s: cut %d bytes of torn tail", segments[last].name, tail.size - tail.good_end)
         namespaces = NamespaceTable.load(self.root / "namespaces.json")
         self._index, self._namespaces, self.open_report = open_index(self.root / "index.bin", namespaces, segments)
+        self._pins = PinSet(self.root / PINS_FILE)
         self._usage = {number: SegmentUsage(size=path.stat().st_size) for number, path in segments.items()}
         self._lru = LRUOrder()
         self._ns_stats = defaultdict(NamespaceStats)
@@ -148,6 +151,15 @@ class KVStore(SpaceKeeper):
                 num_found += 1
             self._count(namespace_id, hits=num_found, misses=int(num_found < len(keys)))
             return num_found
+
+    def probe(self, namespace: str, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is stored, without using it: no last use changes (the LRU
+        order stays as it was) and no hit or miss is counted."""
+        with self._lock:
+            namespace_id = self._namespaces.find(namespace)
+            if namespace_id is None:
+                return [False] * len(keys)
+            return [self._index.find(namespace_id, bytes(key)) is not None for key in keys]
 
     def get(self, namespace: str, keys: Sequence[bytes]) -> list[bytes | None]:
         """The payload of each key, or None for a miss (absent or damaged)."""
@@ -222,19 +234,25 @@ class KVStore(SpaceKeeper):
             return True
 
     def clear(self, namespace: str | None = None) -> int:
-        """Remove every block, or one namespace's; returns how many were removed."""
+        """Remove every block, or one namespace's; returns how many were removed. Blocks
+        pinned by a snapshot stay (unpin the snapshot to let them go)."""
         with self._lock:
-            if namespace is None:
+            if namespace is None and not self._lru.pinned():
                 return self._clear_all()
-            namespace_id = self._namespaces.find(namespace)
-            if namespace_id is None:
-                return 0
-            slots = self._lru.slots(namespace_id)
-            for slot in slots:
-                self._drop(slot)
+            names = [namespace] if namespace is not None else [name for name, _ in self._namespaces.items()]
+            num_removed = 0
+            for name in names:
+                namespace_id = self._namespaces.find(name)
+                if namespace_id is None:
+                    continue
+                slots = self._lru.slots(namespace_id)
+                for slot in slots:
+                    self._drop(slot)
+                num_removed += len(slots)
             self._reclaim_all()
-            log.info("cleared %d blocks of %r", len(slots), namespace)
-            return len(slots)
+            log.info("cleared %d blocks of %s (pinned blocks kept: %d)", num_removed,
+                     repr(namespace) if namespace is not None else "every namespace", len(self._lru.pinned()))
+            return num_removed
 
     def _clear_all(self) -> int:
         num_removed = len(self._index)
@@ -275,6 +293,62 @@ class KVStore(SpaceKeeper):
         sync_directory(self._segments_dir)
         sync_directory(self.root)
 
+    # ------------------------------------------------------------ snapshots (pins)
+
+    def pin(self, name: str, namespace: str, keys: Sequence[bytes], info: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Pin `keys` of `namespace` under `name`, durably, before returning: those stored
+        leave the eviction order now, the others as they are put. None if `name` is taken."""
+        with self._lock:
+            if name in self._pins:
+                return None
+            snapshot = self._pins.add(name, namespace, keys, dict(info))
+            namespace_id = self._namespaces.find(namespace)
+            for key in snapshot.keys:
+                slot = self._index.find(namespace_id, key) if namespace_id else None
+                if slot is not None:
+                    self._lru.pin(slot, namespace_id)
+            log.info("snapshot %r pinned: %d blocks of %r", name, len(snapshot.keys), namespace)
+            return self._describe(snapshot)
+
+    def unpin(self, name: str) -> dict[str, Any] | None:
+        """Drop the snapshot `name` (durably): its blocks no other snapshot pins are
+        evictable again, in their place by last use. None if there is no such snapshot."""
+        with self._lock:
+            removed = self._pins.remove(name)
+            if removed is None:
+                return None
+            snapshot, freed = removed
+            description = self._describe(snapshot)
+            namespace_id = self._namespaces.find(snapshot.namespace)
+            slots = [self._index.find(namespace_id, key) for key in freed] if namespace_id else []
+            self._lru.unpin(slot for slot in slots if slot is not None)
+            log.info("snapshot %r unpinned: %d blocks of %r evictable again", name, len(freed), snapshot.namespace)
+            return description
+
+    def snapshots(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        """Every snapshot (of `namespace`, or all), by name, with what of it is stored."""
+        with self._lock:
+            return [self._describe(s) for s in self._pins if namespace is None or s.namespace == namespace]
+
+    def _describe(self, snapshot: Snapshot) -> dict[str, Any]:
+        namespace_id = self._namespaces.find(snapshot.namespace)
+        stored = num_bytes = 0
+        for key in snapshot.keys:
+            slot = self._index.find(namespace_id, key) if namespace_id else None
+            if slot is not None:
+                stored += 1
+                num_bytes += self._index.record(slot).length
+        return {"name": snapshot.name, "namespace": snapshot.namespace, "keys": list(snapshot.keys),
+                "info": dict(snapshot.info), "created": snapshot.created, "blocks": len(snapshot.keys),
+                "stored_blocks": stored, "bytes": num_bytes}
+
+    def _wants_pinned(self, record: IndexRecord) -> bool:
+        """A block just tracked (put, or found at open) that a snapshot pins."""
+        if not len(self._pins):
+            return False
+        name = self._namespaces.name_of(record.namespace_id)
+        return name is not None and self._pins.is_pinned(name, record.key)
+
     # ------------------------------------------------------------ recency
 
     def _touch(self, slot: int, namespace_id: int) -> None:
@@ -286,8 +360,13 @@ class KVStore(SpaceKeeper):
 
     def stats(self) -> dict:
         with self._lock:
+            pinned: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # namespace id -> [blocks, bytes]
+            for slot, namespace_id in self._lru.pinned():
+                pinned[namespace_id][0] += 1
+                pinned[namespace_id][1] += self._index.record(slot).length
             namespaces = {
-                name: asdict(self._ns_stats[namespace_id])
+                name: {**asdict(self._ns_stats[namespace_id]), "pinned_blocks": pinned[namespace_id][0],
+                       "pinned_bytes": pinned[namespace_id][1]}
                 for name, namespace_id in self._namespaces.items()
                 if namespace_id in self._ns_stats
             }
@@ -298,6 +377,9 @@ class KVStore(SpaceKeeper):
                 "segment_bytes": self.segment_bytes,
                 "num_blocks": len(self._index),
                 "num_segments": len(self._usage),
+                "pinned_blocks": sum(blocks for blocks, _ in pinned.values()),
+                "pinned_bytes": sum(num_bytes for _, num_bytes in pinned.values()),
+                "num_snapshots": len(self._pins),
                 **asdict(self.counters),
                 "index_rebuilt": self.open_report.rebuilt,
                 "dropped_at_open": self.open_report.num_dropped,

@@ -1,6 +1,6 @@
-"""The kvstore's write-behind: puts, flushes and clears queue, in arrival order, for one
-writer thread, so the socket loop never waits on the disk; the writer answers flushes and
-clears back to the loop over an inproc socket."""
+"""The kvstore's write-behind: puts, flushes, clears, pins and unpins queue, in arrival
+order, for one writer thread, so the socket loop never waits on the disk; the writer
+answers all but puts back to the loop over an inproc socket."""
 
 from __future__ import annotations
 
@@ -14,7 +14,17 @@ import zmq
 
 from kvstore.store import KVStore
 from protocol.codec import Buffer, encode
-from protocol.messages import KVClear, KVClearResult, KVFlush, KVFlushResult, Message
+from protocol.messages import (
+    KVClear,
+    KVClearResult,
+    KVFlush,
+    KVFlushResult,
+    KVPin,
+    KVPinResult,
+    KVUnpin,
+    KVUnpinResult,
+    Message,
+)
 from protocol.sockets import make_socket
 
 log = logging.getLogger(__name__)
@@ -33,10 +43,10 @@ class Put:
 
 @dataclass
 class Reply:
-    """A flush or clear: done in order with the puts before it, then answered."""
+    """A flush, clear, pin or unpin: done in order with the puts before it, then answered."""
 
     identity: bytes
-    message: KVFlush | KVClear
+    message: KVFlush | KVClear | KVPin | KVUnpin
 
 
 class WriteQueue:
@@ -119,10 +129,25 @@ class Writer(threading.Thread):
             if isinstance(item.message, KVFlush):
                 self.store.flush()
                 dirty = False
-                answer: Message = KVFlushResult(item.message.request_id)
-            else:
-                answer = KVClearResult(item.message.request_id, self.store.clear(item.message.namespace))
-            replies.send_multipart([item.identity, *encode(answer)])
+            replies.send_multipart([item.identity, *encode(self._answer(item.message))])
+
+    def _answer(self, message: KVFlush | KVClear | KVPin | KVUnpin) -> Message:
+        if isinstance(message, KVFlush):
+            return KVFlushResult(message.request_id)
+        if isinstance(message, KVClear):
+            return KVClearResult(message.request_id, self.store.clear(message.namespace))
+        if isinstance(message, KVPin):
+            try:
+                snapshot = self.store.pin(message.name, message.namespace, message.keys, message.info)
+            except OSError as exc:
+                log.error("snapshot %r not pinned: %s", message.name, exc)
+                return KVPinResult(message.request_id, error=f"the pin set could not be saved: {exc}")
+            return KVPinResult(message.request_id, error="" if snapshot else "exists", snapshot=snapshot)
+        try:
+            return KVUnpinResult(message.request_id, self.store.unpin(message.name))
+        except OSError as exc:
+            log.error("snapshot %r not unpinned: %s", message.name, exc)
+            return KVUnpinResult(message.request_id, None, error=f"the pin set could not be saved: {exc}")
 
     def _put(self, put: Put) -> None:
         try:

@@ -1,4 +1,5 @@
-"""The kvstore's requests and answers: lookups, streamed gets, puts, flushes, clears, stats.
+"""The kvstore's requests and answers: lookups, streamed gets, puts, flushes, clears, stats,
+probes, and the pins of named snapshots.
 
 Any DEALER peer -> kvstore ROUTER. Keys are 16-byte block keys (`protocol.block_keys`),
 scoped by `namespace` (one per model fingerprint). Block payloads are opaque bytes and
@@ -108,3 +109,82 @@ class KVClearResult(Message):
     type: ClassVar[str] = "kv_clear_result"
     request_id: int
     num_removed: int
+
+
+@dataclass
+class KVProbe(Message):
+    """Which of `keys` the store holds, each on its own (not stopping at a miss). A look
+    only: no block's last use changes and no hit or miss is counted (`/admin/cache/probe`)."""
+
+    type: ClassVar[str] = "kv_probe"
+    request_id: int
+    namespace: str
+    keys: list[bytes]
+
+
+@dataclass
+class KVProbeResult(Message):
+    type: ClassVar[str] = "kv_probe_result"
+    request_id: int
+    found: list[bool]
+
+
+@dataclass
+class KVPin(Message):
+    """Pin `keys` of `namespace` under the snapshot `name`: never evicted while pinned,
+    including keys not stored yet (they are pinned as they arrive). Done in order with the
+    puts received before it; the pin set is on disk before the answer. `info` is kept
+    with the snapshot and listed with it (model, tokens, block size, ...)."""
+
+    type: ClassVar[str] = "kv_pin"
+    request_id: int
+    name: str
+    namespace: str
+    keys: list[bytes]
+    info: dict[str, Any]
+
+
+@dataclass
+class KVPinResult(Message):
+    """`error` is "" when pinned, else why not ("exists": the name is taken)."""
+
+    type: ClassVar[str] = "kv_pin_result"
+    request_id: int
+    error: str = ""
+    snapshot: dict[str, Any] | None = None  # as KVSnapshotsResult lists it
+
+
+@dataclass
+class KVUnpin(Message):
+    """Drop the snapshot `name`: its blocks are evictable again (they stay stored)."""
+
+    type: ClassVar[str] = "kv_unpin"
+    request_id: int
+    name: str
+
+
+@dataclass
+class KVUnpinResult(Message):
+    type: ClassVar[str] = "kv_unpin_result"
+    request_id: int
+    snapshot: dict[str, Any] | None = None  # None: there was no snapshot of that name (or `error`)
+    error: str = ""
+
+
+@dataclass
+class KVSnapshots(Message):
+    """The snapshots (of one namespace, or all), with their sizes and keys."""
+
+    type: ClassVar[str] = "kv_snapshots"
+    request_id: int
+    namespace: str | None = None
+
+
+@dataclass
+class KVSnapshotsResult(Message):
+    """Each snapshot: name, namespace, keys (bytes), info, blocks, stored_blocks (of its
+    keys, those on disk), bytes (their record bytes on disk), created (unix time)."""
+
+    type: ClassVar[str] = "kv_snapshots_result"
+    request_id: int
+    snapshots: list[dict[str, Any]]

@@ -48,6 +48,8 @@ def _hot_tier(pool: WorkerPool, model_id: str) -> dict[str, Any] | None:
         "blocks": stats.get("hot_blocks", 0),
         "bytes": stats.get("hot_bytes", 0),
         "budget_bytes": supervisor.ready.hot_tier_bytes if supervisor.ready else 0,
+        "pinned_blocks": stats.get("hot_pinned_blocks", 0),  # of the blocks, those snapshots pin (within the budget)
+        "pinned_bytes": stats.get("hot_pinned_bytes", 0),
         "hits": hits,
         "misses": misses,
         "hit_rate": _hit_rate(hits, misses),
@@ -58,8 +60,9 @@ def _cold_namespace(namespace: dict[str, Any] | None) -> dict[str, Any]:
     """A model's share of the cold tier: workers store under their model id."""
     namespace = namespace or {}
     hits, misses = namespace.get("hits", 0), namespace.get("misses", 0)
-    return {"blocks": namespace.get("blocks", 0), "bytes": namespace.get("bytes", 0), "hits": hits,
-            "misses": misses, "hit_rate": _hit_rate(hits, misses)}
+    return {"blocks": namespace.get("blocks", 0), "bytes": namespace.get("bytes", 0),
+            "pinned_blocks": namespace.get("pinned_blocks", 0), "pinned_bytes": namespace.get("pinned_bytes", 0),
+            "hits": hits, "misses": misses, "hit_rate": _hit_rate(hits, misses)}
 
 
 async def cache_stats(request: Request) -> Response:
@@ -85,6 +88,9 @@ async def cache_stats(request: Request) -> Response:
             "blocks": stats.get("num_blocks"),
             "bytes": stats.get("disk_bytes"),
             "max_bytes": stats.get("max_disk_bytes"),
+            "pinned_blocks": stats.get("pinned_blocks"),
+            "pinned_bytes": stats.get("pinned_bytes"),
+            "snapshots": stats.get("num_snapshots"),
             "hits": hits,
             "misses": misses,
             "hit_rate": _hit_rate(hits, misses) if hits is not None and misses is not None else None,
@@ -151,6 +157,11 @@ async def clear_cache(request: Request) -> Response:
                                f"were: {num_hot} blocks); retry", status=503, error_type="server_error",
                                code="kvstore_unavailable")
         cold = {"namespace": model_id, "blocks": num_removed}
+        snapshots = await pool.kvstore.snapshots(model_id)
+        if snapshots:
+            notes.append(f"{len(snapshots)} snapshot(s) keep their pinned blocks in both tiers "
+                         f"({', '.join(s['name'] for s in snapshots)}): DELETE /admin/cache/snapshots/NAME "
+                         "lets them go")
     else:
         notes.append("the cold tier is off (--no-cold-tier)")
     logger.info("cache cleared (%s): %d hot blocks, %s cold blocks", model_id or "every model", num_hot,

@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from router import admin, admin_cache, dashboard, metrics_route, openapi
+from router import admin, admin_cache, cache_probe, cache_snapshots, dashboard, metrics_route, openapi
 from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.api_keys import KeyState, key_ring
@@ -81,6 +81,10 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
         Route("/admin/workers/{model_id:path}/restart", admin.restart_worker, methods=["POST"]),
         Route("/admin/cache", admin_cache.cache_stats, methods=["GET"]),
         Route("/admin/cache/clear", admin_cache.clear_cache, methods=["POST"]),
+        Route("/admin/cache/probe", cache_probe.probe, methods=["POST"]),
+        Route("/admin/cache/snapshots", cache_snapshots.list_snapshots, methods=["GET"]),
+        Route("/admin/cache/snapshots", cache_snapshots.create_snapshot, methods=["POST"]),
+        Route("/admin/cache/snapshots/{name}", cache_snapshots.delete_snapshot, methods=["DELETE"]),
         Route("/admin/reload", admin.reload_config, methods=["POST"]),
     ]
     app = Starlette(

@@ -80,6 +80,9 @@ def format_stats(stats: dict[str, Any], url: str) -> str:
         lines.append(f"cold tier ({cold.get('state')}): {_count(cold.get('blocks'))} blocks, "
                      f"{size(cold.get('bytes'))} of {size(cold.get('max_bytes'))}, {_count(cold.get('hits'))} hits, "
                      f"hit {percent(cold.get('hit_rate'))}")
+        if cold.get("snapshots"):
+            lines.append(f"snapshots: {cold['snapshots']}, pinning {_count(cold.get('pinned_blocks'))} blocks "
+                         f"({size(cold.get('pinned_bytes'))}) in the cold tier (GET /admin/cache/snapshots)")
     return "\n".join(lines) + "\n"
 
 

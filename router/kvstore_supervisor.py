@@ -28,8 +28,14 @@ from protocol.messages import (
     PROTOCOL_VERSION,
     KVClear,
     KVClearResult,
+    KVPin,
+    KVPinResult,
+    KVSnapshots,
+    KVSnapshotsResult,
     KVStats,
     KVStatsResult,
+    KVUnpin,
+    KVUnpinResult,
     KVStoreConfig,
     KVStoreReady,
     Message,
@@ -45,7 +51,8 @@ DEFAULT_KVSTORE_COMMAND = (sys.executable, "-m", "kvstore")
 _STARTUP_TIMEOUT_S = 60.0  # opening the store reads its index; a rebuild scans the segments
 _FLUSH_S = 10.0  # at least this long to write and sync what is pending before SIGKILL
 
-AnswerT = TypeVar("AnswerT", KVStatsResult, KVClearResult)
+AnswerT = TypeVar("AnswerT", KVStatsResult, KVClearResult, KVPinResult, KVUnpinResult, KVSnapshotsResult)
+Question = KVStats | KVClear | KVPin | KVUnpin | KVSnapshots
 
 
 class KVStoreStartupError(ChildStartupError):
@@ -105,7 +112,23 @@ class KVStoreSupervisor(ChildSupervisor):
         answer = await self._ask(KVClear(next(self._ids), namespace), KVClearResult, timeout_s)
         return answer.num_removed if answer is not None else None
 
-    async def _ask(self, question: KVStats | KVClear, answer_type: type[AnswerT], timeout_s: float) -> AnswerT | None:
+    async def snapshots(self, namespace: str | None = None, timeout_s: float = 5.0) -> list[dict[str, Any]] | None:
+        """The named snapshots (of one model, or all) with their keys and sizes on disk, or
+        None if the kvstore does not answer."""
+        answer = await self._ask(KVSnapshots(next(self._ids), namespace), KVSnapshotsResult, timeout_s)
+        return answer.snapshots if answer is not None else None
+
+    async def pin(self, name: str, namespace: str, keys: list[bytes], info: dict[str, Any],
+                  timeout_s: float = 30.0) -> KVPinResult | None:
+        """Pin `keys` under snapshot `name` (on disk before the answer; in order with the
+        writes queued before it, so it may wait behind them), or None without an answer."""
+        return await self._ask(KVPin(next(self._ids), name, namespace, keys, info), KVPinResult, timeout_s)
+
+    async def unpin(self, name: str, timeout_s: float = 30.0) -> KVUnpinResult | None:
+        """Drop snapshot `name` (its blocks stay, evictable again), or None without an answer."""
+        return await self._ask(KVUnpin(next(self._ids), name), KVUnpinResult, timeout_s)
+
+    async def _ask(self, question: Question, answer_type: type[AnswerT], timeout_s: float) -> AnswerT | None:
         """Send `question` on a socket of its own and wait for its answer (matched by
         request id), or None if the kvstore is not ready or silent for `timeout_s`."""
         if self.state != "ready":

@@ -109,6 +109,11 @@ _RERANK: Schema = {"type": "object", "required": ["model", "query", "documents"]
     "documents": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
     "top_n": {"type": "integer", "minimum": 1, "maximum": _INT31}, "return_documents": {"type": "boolean"}}}
 _CACHE_CLEAR: Schema = {"type": "object", "properties": {"model": {"type": "string"}}}
+_CACHE_PROBE: Schema = {"type": "object", "required": ["model"], "properties": {
+    "model": {"type": "string"}, "api": {"type": "string", "enum": ["chat", "messages", "responses", "completions"]},
+    "messages": {"type": "array"}, "system": {}, "input": {}, "prompt": {}, "tools": {"type": "array"}}}
+_SNAPSHOT: Schema = {"type": "object", "required": ["name", "model"], "properties": {
+    "name": {"type": "string"}, "model": {"type": "string"}, "messages": {"type": "array"}, "prompt": {}}}
 
 _ANSWER = {"default": {"description": "the answer, or an error in the route's API shape "
                                       "(OpenAI `{\"error\": {...}}`, Anthropic `{\"type\": \"error\", ...}`)"}}
@@ -154,6 +159,15 @@ PATHS: dict[str, dict[str, Schema]] = {
         {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}}])},
     "/admin/cache/clear": {"post": {**_op("drop a model's cached blocks (or every model's)"), "requestBody": {
         "required": False, "content": {"application/json": {"schema": _CACHE_CLEAR}}}}},
+    "/admin/cache/probe": {"post": _op("how many leading tokens of a request body (any API's shape) are hot, on "
+                                       "SSD or missing, with the block keys; runs nothing, moves no LRU order",
+                                       _CACHE_PROBE)},
+    "/admin/cache/snapshots": {
+        "get": _op("the named snapshots: pinned prefixes with their tokens, blocks and bytes"),
+        "post": _op("pin a prompt's whole blocks under a name in both tiers (computing what is missing)",
+                    _SNAPSHOT)},
+    "/admin/cache/snapshots/{name}": {"delete": _op("unpin a snapshot", parameters=[
+        {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}])},
     "/admin/reload": {"post": _op("re-read the config file and the key file")},
 }
 

@@ -28,6 +28,7 @@ from protocol.messages import (
     AbortRequest,
     AddRequest,
     CacheCleared,
+    CacheProbed,
     ClearCache,
     CountTokens,
     EmbeddingsEvent,
@@ -36,6 +37,9 @@ from protocol.messages import (
     EventBatch,
     FinishEvent,
     Message,
+    PinPrefix,
+    PrefixPinned,
+    ProbeCache,
     ProgressEvent,
     PromptEvent,
     RerankEvent,
@@ -48,10 +52,11 @@ from protocol.sockets import make_socket
 logger = logging.getLogger(__name__)
 
 REQUEST_EVENTS = (PromptEvent, ProgressEvent, TokenEvent, FinishEvent, ErrorEvent, TokenCount, CacheCleared,
-                  EmbeddingsEvent, RerankEvent)
-TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount, CacheCleared, EmbeddingsEvent, RerankEvent)
+                  CacheProbed, PrefixPinned, EmbeddingsEvent, RerankEvent)
+TERMINAL_EVENTS = (FinishEvent, ErrorEvent, TokenCount, CacheCleared, CacheProbed, PrefixPinned, EmbeddingsEvent,
+                   RerankEvent)
 # what opens a RequestStream
-StreamRequest = AddRequest | CountTokens | ClearCache | EmbedRequest | RerankRequest
+StreamRequest = AddRequest | CountTokens | ClearCache | ProbeCache | PinPrefix | EmbedRequest | RerankRequest
 
 PeerHandler = Callable[[Message], None]
 
@@ -230,8 +235,9 @@ class WorkerClient:
 
     def open_request(self, identity: bytes, add: StreamRequest) -> RequestStream:
         """Register a stream for `add.request_id`, then send the request to the worker. A
-        CountTokens or ClearCache is a request too: its one answer (a TokenCount, a
-        CacheCleared) ends its stream, and a worker's death fails it like any other."""
+        CountTokens, ClearCache, ProbeCache or PinPrefix is a request too: its one answer
+        (a TokenCount, CacheCleared, CacheProbed, PrefixPinned) ends its stream, and a
+        worker's death fails it like any other."""
         if add.request_id in self._requests:
             raise ValueError(f"duplicate request id {add.request_id}")
         try:

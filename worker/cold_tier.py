@@ -19,13 +19,25 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 
 from protocol.block_keys import BlockKey
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
-from protocol.messages import KVFlush, KVFlushResult, KVGet, KVGetResult, KVPut
+from protocol.messages import (
+    KVFlush,
+    KVFlushResult,
+    KVGet,
+    KVGetResult,
+    KVProbe,
+    KVProbeResult,
+    KVPut,
+    KVSnapshots,
+    KVSnapshotsResult,
+    Message,
+)
 from protocol.sockets import make_socket
 from worker.block_codec import decode_block, encode_block
 from worker.kv_blocks import BlockPayload
@@ -141,6 +153,42 @@ class ColdTier:
             if answer.done:
                 return run
             deadline = time.monotonic() + self.read_timeout_s  # per block, not per run
+
+    def probe(self, keys: Sequence[BlockKey]) -> list[bool] | None:
+        """Which of `keys` the kvstore holds, each on its own, without using them (no last
+        use changes there); None if it does not answer, or reads are backing off (then a
+        request would not read from it either). Safe from any thread, like reads."""
+        if not keys:
+            return []
+        answer = self._ask(KVProbe(next(self._ids), self.namespace, list(keys)), KVProbeResult)
+        return answer.found if answer is not None and len(answer.found) == len(keys) else None
+
+    def snapshots(self) -> list[dict] | None:
+        """This model's named snapshots as the kvstore keeps them (name, keys, ...); None
+        if it does not answer."""
+        answer = self._ask(KVSnapshots(next(self._ids), self.namespace), KVSnapshotsResult)
+        return answer.snapshots if answer is not None else None
+
+    def _ask(self, question: KVProbe | KVSnapshots, answer_type: type[Message]) -> Any:
+        """One question and its answer on the read socket, within the read deadline."""
+        with self._read_lock:
+            if time.monotonic() < self._skip_until:
+                return None
+            self._socket.send_multipart(encode(question))
+            deadline = time.monotonic() + self.read_timeout_s
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._socket.poll(int(left * 1000) + 1):
+                    self._timed_out()
+                    return None
+                try:
+                    answer, _ = decode(self._socket.recv_multipart(copy=False))
+                except ProtocolError as exc:
+                    log.warning("bad answer from kvstore: %s", exc)
+                    continue
+                if isinstance(answer, answer_type) and getattr(answer, "request_id", None) == question.request_id:
+                    self._answered()
+                    return answer  # anything else is a late answer to an earlier, abandoned request
 
     def decode_run(self, run: Sequence[bytes | memoryview]) -> list[BlockPayload]:
         """Encoded blocks -> payloads, up to the first that does not decode (a damaged

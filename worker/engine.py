@@ -19,10 +19,12 @@ from protocol.errors import RequestError
 from protocol.settings import WorkerSettings
 from protocol.messages import (
     AddRequest,
+    CacheProbed,
     CountTokens,
     ErrorEvent,
     FinishEvent,
     Message,
+    ProbeCache,
     ProgressEvent,
     PromptEvent,
     TokenEvent,
@@ -169,6 +171,17 @@ class Engine:
         """How many tokens the chat prompt of `request` renders to, even one too long for
         the context window; thread-safe (run on the worker's tokenizer thread)."""
         return len(self._admitter.rendered_ids(request.request))
+
+    def probe_cache(self, request: ProbeCache) -> CacheProbed:
+        """Where the prompt of `request` is cached (`PrefixCache.probe`): rendered and
+        tokenized as for a count, looked up without using anything; thread-safe (run on
+        the worker's tokenizer thread)."""
+        add = request.request
+        found = self.prefix_cache.probe(self._admitter.rendered_ids(add), add.cache_salt)
+        return CacheProbed(request.request_id, found.prompt_tokens, self.prefix_cache.block_tokens,
+                           found.hot_tokens, found.ssd_tokens, found.hot_blocks, found.ssd_blocks,
+                           found.tail_tokens, list(found.keys), found.tiers, found.on_ssd, found.pinned,
+                           found.cold_tier, self.prefix_cache.enabled)
 
     def _start(self, request: AddRequest, admission: Admission, plan: PrefixPlan, arrived: float) -> None:
         """Put the request to work: a prefix hit may prefill its rest at once (`_start_hit`),

@@ -30,7 +30,10 @@ from protocol.messages import (
     Hello,
     Message,
     Ping,
+    PinPrefix,
     Pong,
+    PrefixPinned,
+    ProbeCache,
     Ready,
     Shutdown,
     StartupFailed,
@@ -41,6 +44,7 @@ from worker.tool_prompt import detect_tool_dialect, template_source
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.prefix_cache import PrefixCache
     from worker.prompt_preparer import PromptPreparer
 
 log = logging.getLogger("worker")
@@ -208,6 +212,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         "on" if prefix_cache.enabled else "off", settings.block_tokens, prefix_cache.hot.budget_bytes / 1e6,
         config.kvstore_address or "off",
     )
+    _pin_snapshots(prefix_cache)
     engine = Engine(loaded, settings, channel.send, prefix_cache, flush=channel.flush)
     tool_dialect = detect_tool_dialect(template_source(loaded.tokenizer))
     log.info("tool calls in the %s dialect (from the chat template)", tool_dialect)
@@ -246,6 +251,46 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
             log.info("flushing %d pending SSD writes", cold.queue_depth())
             cold.flush()
             cold.close()
+
+
+def _pin_snapshots(prefix_cache: PrefixCache) -> None:
+    """Pin in the hot tier the blocks of this model's named snapshots, as the kvstore
+    keeps them (they outlive workers there): each is protected from the moment a request
+    brings it back from SSD."""
+    if prefix_cache.cold is None or not prefix_cache.enabled:
+        return
+    snapshots = prefix_cache.cold.snapshots()
+    if snapshots is None:
+        log.warning("the kvstore did not list this model's snapshots: they are pinned on SSD only until the "
+                    "next restart of this worker")
+        return
+    for snapshot in snapshots:
+        prefix_cache.pin(snapshot["name"], snapshot["keys"])
+    if snapshots:
+        log.info("pinned %d snapshot(s) in the hot tier: %s", len(snapshots),
+                 ", ".join(s["name"] for s in snapshots))
+
+
+def _pin_prefix(message: PinPrefix, channel: _Channel, engine: Engine, preparer: PromptPreparer) -> None:
+    """Pin (or unpin) a snapshot's blocks in the hot tier now, between steps; with
+    `store`, the writes to SSD and the wait for the kvstore's fsync go to the tokenizer
+    thread, and its answer comes from there."""
+    cache = engine.prefix_cache
+    if not message.pin:
+        cache.unpin(message.name)
+        channel.send(PrefixPinned(message.request_id, message.name))
+        return
+    pinned = cache.pin(message.name, message.keys)
+    if not message.store:
+        channel.send(PrefixPinned(message.request_id, message.name, pinned.hot_blocks, pinned.hot_bytes))
+        return
+
+    def store() -> PrefixPinned:
+        done = cache.store_pinned(message.keys)
+        return PrefixPinned(message.request_id, message.name, done.hot_blocks, done.hot_bytes, done.written_blocks,
+                            done.missing_blocks, done.flushed)
+
+    preparer.submit_answer(message.request_id, store, "write this snapshot's blocks to SSD")
 
 
 def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags,
@@ -312,6 +357,11 @@ def _handle(message: Message, channel: _Channel, engine: Engine, preparer: Promp
         preparer.submit(message)
     elif isinstance(message, CountTokens):
         preparer.submit_count(message)
+    elif isinstance(message, ProbeCache):
+        preparer.submit_answer(message.request_id, lambda: engine.probe_cache(message),
+                               "probe the cache for this prompt")
+    elif isinstance(message, PinPrefix):
+        _pin_prefix(message, channel, engine, preparer)
     elif isinstance(message, AbortRequest):
         if not preparer.cancel(message.request_id):
             engine.abort(message.request_id)

@@ -58,6 +58,35 @@ class ColdRun:
 
 
 @dataclass
+class PrefixProbe:
+    """Where one prompt is cached, found without using anything (`PrefixCache.probe`): the
+    split a request would be served, and every whole block with where it is."""
+
+    prompt_tokens: int
+    hot_tokens: int = 0
+    ssd_tokens: int = 0
+    hot_blocks: int = 0
+    ssd_blocks: int = 0
+    tail_tokens: int = 0
+    keys: list[BlockKey] = field(default_factory=list)
+    tiers: list[str] = field(default_factory=list)  # per key: hot | ssd | missing
+    on_ssd: list[bool] = field(default_factory=list)
+    pinned: list[bool] = field(default_factory=list)
+    cold_tier: str = "off"  # ok | off | unavailable
+
+
+@dataclass
+class PinResult:
+    """What pinning a snapshot's keys found and did (`PrefixCache.pin`, `store_pinned`)."""
+
+    hot_blocks: int = 0
+    hot_bytes: int = 0
+    written_blocks: int = 0
+    missing_blocks: int = 0
+    flushed: bool = True
+
+
+@dataclass
 class PrefixPlan:
     """What the cache offers one prompt: keys of its whole blocks, and the hit."""
 
@@ -96,6 +125,7 @@ class PrefixCache:
         # parent block key -> [(tail tokens, tail key)], newest last; entries whose payload
         # the hot tier has evicted are dropped lazily
         self._tails: dict[BlockKey, list[tuple[tuple[int, ...], BlockKey]]] = {}
+        self._snapshots: dict[str, list[BlockKey]] = {}  # name -> its distinct keys, pinned in the hot tier
 
     def segment_tokens(self, prefill_chunk_tokens: int) -> int:
         """Prefill segment length: whole blocks, so every segment ends on a boundary
@@ -144,6 +174,7 @@ class PrefixCache:
         usable = self._usable_blocks(prompt_ids)
         run: list[BlockPayload] = self.hot.longest_run(keys[:usable]) if usable else []
         plan = PrefixPlan(keys=keys, salt=salt, hot_blocks=len(run))
+        fetched: list[BlockPayload] = []
         if self.cold is not None and len(run) < usable and (read_ahead is not None or fetch):
             # the hot run ended early: continue it from SSD, and keep what comes back hot
             started = time.perf_counter()
@@ -151,17 +182,18 @@ class PrefixCache:
                 fetched = self.cold.fetch_run(keys[len(run) : usable])
             elif read_ahead.start <= len(run):  # it joins up with the hot run
                 fetched = self.cold.decode_run(read_ahead.blocks[len(run) - read_ahead.start :])
-            else:  # hot blocks before it were evicted meanwhile: it cannot be used
-                fetched = []
             plan.cold_fetch_s = time.perf_counter() - started + (read_ahead.fetch_s if read_ahead else 0.0)
             plan.cold_bytes = sum(p.nbytes for p in fetched)
-            for key, payload in zip(keys[len(run) :], fetched):
-                self.hot.put(key, payload, payload.nbytes)
-            run += fetched
             plan.cold_blocks = len(fetched)
+        num_blocks = len(run) + len(fetched)
+        start = num_blocks * block
+        # the tail before the restored blocks go in: making room for them must not evict it
+        # (and `probe`, which inserts nothing, finds the same)
+        tail = self._find_tail(self._parent(keys, num_blocks, salt), prompt_ids[start : len(prompt_ids) - 1])
+        for key, payload in zip(keys[len(run) :], fetched):
+            self.hot.put(key, payload, payload.nbytes)
+        run += fetched
         plan.captured_blocks = len(run)
-        start = len(run) * block
-        tail = self._find_tail(self._parent(keys, len(run), salt), prompt_ids[start : len(prompt_ids) - 1])
         if tail is not None:
             num_tail, payload = tail
             run = [*run, payload]
@@ -196,6 +228,110 @@ class PrefixCache:
         n, key = best
         (payload,) = self.hot.longest_run([key])
         return n, payload if self.snapshots else trim_payload(payload, n)
+
+    def probe(self, prompt_ids: list[int], salt: str | None) -> PrefixProbe:
+        """Where this prompt is cached: the split `plan` would find (hot blocks, SSD blocks
+        continuing them, a hot tail) and each whole block's tier, without using anything:
+        the hot tier is only looked at (no recency moves, no hit counted), the kvstore is
+        asked with a probe (no last use moves there) and nothing is read or assembled.
+
+        Runs on the tokenizer thread, like `read_ahead`: membership tests and one dict
+        lookup per tail are atomic under the GIL, and the tails under a parent are copied
+        before they are scanned."""
+        block = self.block_tokens
+        keys = chain_keys(self.fingerprint, prompt_ids, block, salt)
+        result = PrefixProbe(len(prompt_ids), keys=keys, pinned=[self.hot.is_pinned(k) for k in keys])
+        hot = [k in self.hot for k in keys]
+        on_ssd: list[bool] | None = [False] * len(keys)
+        if self.cold is not None and self.enabled:
+            on_ssd = self.cold.probe(keys)
+            result.cold_tier = "ok" if on_ssd is not None else "unavailable"
+            on_ssd = on_ssd or [False] * len(keys)
+        result.on_ssd = on_ssd
+        result.tiers = ["hot" if h else "ssd" if s else "missing" for h, s in zip(hot, on_ssd)]
+        if not self.enabled:
+            return result
+        usable = self._usable_blocks(prompt_ids)
+        while result.hot_blocks < usable and hot[result.hot_blocks]:
+            result.hot_blocks += 1
+        run = result.hot_blocks
+        if self.cold is not None:
+            while run < usable and on_ssd[run]:
+                run += 1
+        result.ssd_blocks = run - result.hot_blocks
+        start = run * block
+        result.tail_tokens = self._tail_length(self._parent(keys, run, salt), prompt_ids[start : len(prompt_ids) - 1])
+        result.hot_tokens = result.hot_blocks * block + result.tail_tokens
+        result.ssd_tokens = result.ssd_blocks * block
+        return result
+
+    def _tail_length(self, parent: BlockKey, following: list[int]) -> int:
+        """How many of `following` the best stored tail under `parent` covers, as
+        `_find_tail` would choose it, without changing anything."""
+        best = 0
+        for tokens, key in list(self._tails.get(parent, ())):
+            if key not in self.hot:
+                continue
+            if self.snapshots:
+                n = len(tokens) if tuple(following[: len(tokens)]) == tokens else 0
+            else:
+                n = _common_prefix(tokens, following)
+            best = max(best, n)
+        return best
+
+    # ------------------------------------------------------------ snapshots (pins)
+
+    def pin(self, name: str, keys: Sequence[BlockKey]) -> PinResult:
+        """Pin `keys` in the hot tier under snapshot `name` (replacing a snapshot of that
+        name): never evicted while pinned, including keys that arrive later (restored from
+        SSD by the next request that starts with them). Engine thread only."""
+        self.unpin(name)
+        distinct = list(dict.fromkeys(BlockKey(bytes(k)) for k in keys))
+        self._snapshots[name] = distinct
+        self.hot.pin(distinct)
+        return self._pin_result(distinct)
+
+    def unpin(self, name: str) -> bool:
+        """Unpin snapshot `name` in the hot tier; False if it was not pinned here."""
+        keys = self._snapshots.pop(name, None)
+        if keys is None:
+            return False
+        self.hot.unpin(keys)
+        return True
+
+    def _pin_result(self, keys: Sequence[BlockKey]) -> PinResult:
+        sizes = [self.hot.nbytes(k) for k in keys]
+        present = [n for n in sizes if n is not None]
+        return PinResult(hot_blocks=len(present), hot_bytes=sum(present))
+
+    def store_pinned(self, keys: Sequence[BlockKey]) -> PinResult:
+        """Make sure each of `keys` is on SSD: the writes already queued are flushed first,
+        then those the kvstore still lacks are written from the hot tier and flushed too
+        (each flush waits for the kvstore's fsync). Thread-safe (runs on the tokenizer
+        thread): payloads are read with `peek`, and blocks reach the writer through its queue."""
+        keys = [BlockKey(bytes(k)) for k in keys]
+        result = self._pin_result(keys)
+        if self.cold is None:
+            result.flushed = False
+            result.missing_blocks = len(keys) - result.hot_blocks
+            return result
+        result.flushed = self.cold.flush()
+        on_ssd = self.cold.probe(keys)
+        if on_ssd is None:
+            result.flushed = False
+            return result
+        for key, stored in zip(keys, on_ssd):
+            if stored:
+                continue
+            payload = self.hot.peek(key)
+            if payload is None:
+                result.missing_blocks += 1
+                continue
+            self.cold.store(key, payload)
+            result.written_blocks += 1
+        if result.written_blocks:
+            result.flushed = self.cold.flush()
+        return result
 
     def capture(self, plan: PrefixPlan, caches: list[Any], tokens: list[int], num_tokens: int) -> int:
         """Store the whole blocks completed within the first `num_tokens` tokens of `caches`
@@ -244,8 +380,8 @@ class PrefixCache:
             del entries[:-_TAILS_PER_PARENT]
 
     def clear(self) -> tuple[int, int, int]:
-        """Drop the hot tier and its tails, and the blocks still waiting to be written to
-        SSD (`mlxd cache clear`: the router clears the kvstore next, and these must not
+        """Drop the hot tier (but the blocks snapshots pin) and its tails, and the blocks
+        still waiting to be written to SSD (`mlxd cache clear`: the router clears the kvstore next, and these must not
         land after it). Returns (blocks, bytes, dropped writes).
 
         Safe between engine steps with requests running: each holds its own working cache
@@ -259,7 +395,7 @@ class PrefixCache:
                  num_blocks, num_bytes / 1e6, num_dropped)
         return num_blocks, num_bytes, num_dropped
 
-    def stats(self) -> dict[str, int | float]:
+    def stats(self) -> dict[str, Any]:
         """The hot tier's and the cold tier's counters, sent with every pong."""
         s = self.hot.stats
         cold = self.cold.stats if self.cold is not None else ColdTierStats()
@@ -275,6 +411,11 @@ class PrefixCache:
             "hot_bytes": self.hot.used_bytes,
             "hot_budget_bytes": self.hot.budget_bytes,
             "hot_blocks": len(self.hot),
+            "hot_pinned_bytes": self.hot.pinned_bytes,
+            "hot_pinned_blocks": self.hot.pinned_blocks,
+            # snapshot name -> [its blocks in the hot tier, their bytes]
+            "snapshots": {name: [r.hot_blocks, r.hot_bytes] for name, r in
+                          ((name, self._pin_result(keys)) for name, keys in self._snapshots.items())},
             "hits": s.hits,
             "misses": s.misses,
             "inserts": s.inserts,

@@ -1,5 +1,6 @@
 """Chat-template rendering, tokenizing and the SSD read-ahead, on a background thread; and
-token counts (`CountTokens`), which need only the first two.
+the requests answered without generating (token counts, cache probes, writing a
+snapshot's blocks to SSD), which need no more than that thread and the kvstore.
 
 Tokenizing a prompt of a few hundred kilobytes takes most of a second, megabytes take
 seconds, and reading its cached blocks from SSD waits on another process; done on the
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.errors import RequestError
-from protocol.messages import AddRequest, CountTokens, ErrorEvent, TokenCount
+from protocol.messages import AddRequest, CountTokens, ErrorEvent, Message, TokenCount
 
 
 @dataclass
@@ -58,7 +59,8 @@ class PromptPreparer:
         self._count = count
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenizer") if threaded else None
         self._pending: dict[str, tuple[AddRequest, float, concurrent.futures.Future[PreparedPrompt]]] = {}
-        self._counts: dict[str, concurrent.futures.Future[int]] = {}
+        # request id -> (what is done, as an error message says it; its answer to come)
+        self._counts: dict[str, tuple[str, concurrent.futures.Future[Message]]] = {}
 
     @property
     def num_pending(self) -> int:
@@ -66,7 +68,8 @@ class PromptPreparer:
 
     @property
     def num_counting(self) -> int:
-        """Token counts submitted and not yet taken (they are not requests: no slot, no queue)."""
+        """Counts and other answers submitted and not yet taken (they are not requests: no
+        slot, no queue)."""
         return len(self._counts)
 
     def _run(self, work: Callable[[Any], Any], argument: Any) -> concurrent.futures.Future[Any]:
@@ -89,21 +92,30 @@ class PromptPreparer:
         of counts never waits behind a generation, which may run for minutes."""
         if self._count is None:
             raise RuntimeError("this preparer was made without a count function")
-        self._counts[request.request_id] = self._run(self._count, request)
+        count = self._count
+        self.submit_answer(request.request_id, lambda: TokenCount(request.request_id, count(request)),
+                           "count this prompt")
 
-    def take_counted(self) -> list[TokenCount | ErrorEvent]:
-        """The answers of the counts that ended, in any order (each is for its own id)."""
-        answers: list[TokenCount | ErrorEvent] = []
-        for request_id, future in list(self._counts.items()):
+    def submit_answer(self, request_id: str, work: Callable[[], Message], what: str) -> None:
+        """Run `work` on the thread, after what was submitted before it; the message it
+        returns is `request_id`'s answer (`take_counted`), and what it raises an ErrorEvent
+        (`what` says in the message what could not be done)."""
+        self._counts[request_id] = (what, self._run(lambda _: work(), None))
+
+    def take_counted(self) -> list[Message]:
+        """The answers of the counts (and other submitted answers) that ended, in any
+        order (each is for its own id)."""
+        answers: list[Message] = []
+        for request_id, (what, future) in list(self._counts.items()):
             if not future.done():
                 continue
             del self._counts[request_id]
             error = future.exception()
             if error is None:
-                answers.append(TokenCount(request_id, future.result()))
+                answers.append(future.result())
                 continue
             if not isinstance(error, RequestError):
-                error = RequestError(f"the worker could not count this prompt ({type(error).__name__}: {error})",
+                error = RequestError(f"the worker could not {what} ({type(error).__name__}: {error})",
                                      status=500, error_type="server_error")
             answers.append(ErrorEvent.from_error(request_id, error))
         return answers
@@ -112,7 +124,7 @@ class PromptPreparer:
         """Drop a request or count still being prepared; False if it is not here (any more)."""
         count = self._counts.pop(request_id, None)
         if count is not None:
-            count.cancel()
+            count[1].cancel()
             return True
         entry = self._pending.pop(request_id, None)
         if entry is None:

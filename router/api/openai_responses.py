@@ -314,7 +314,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *, store: Respon
                             namespaces=namespaces, echo=echo)
 
 
-def _store_of(request: Request) -> ResponseStore:
+def store_of(request: Request) -> ResponseStore:
     """The app's response store, made with its first Responses request (an app that
     never serves one holds none)."""
     state = request.app.state
@@ -324,7 +324,7 @@ def _store_of(request: Request) -> ResponseStore:
 
 
 async def responses(request: Request) -> Response:
-    store = _store_of(request)
+    store = store_of(request)
     dialect = Dialect(parse=partial(parse, store=store), respond=partial(responses_answers.respond, store=store),
                       bind=bind)
     return await handle(request, dialect)

@@ -31,6 +31,12 @@ def test_stats_table_has_a_row_per_model_and_the_store() -> None:
     assert lines[-1] == "cold tier (ready): 95 blocks, 310.0 MiB of 10.0 GiB, 12 hits, hit 75%"
 
 
+def test_stats_name_the_snapshots_pinning_the_cold_tier() -> None:
+    stats = {**STATS, "cold_tier": {**STATS["cold_tier"], "snapshots": 2, "pinned_blocks": 7, "pinned_bytes": 21 << 20}}
+    lines = format_stats(stats, "http://x").splitlines()
+    assert lines[-1] == "snapshots: 2, pinning 7 blocks (21.0 MiB) in the cold tier (GET /admin/cache/snapshots)"
+
+
 @pytest.mark.parametrize("cold, last_line", [
     (None, "cold tier: off"),
     ({"state": "restarting", "blocks": None, "bytes": None, "max_bytes": None, "hits": None, "misses": None,

@@ -79,3 +79,44 @@ def test_clear_drops_every_block_but_not_what_a_reader_holds() -> None:
     assert cache.longest_run([key(0)]) == [] and cache.stats.hits == 2  # counters go on
     assert cache.put(key(5), [5], 100) and cache.used_bytes == 100  # the whole budget again
     assert cache.clear() == (1, 100) and cache.clear() == (0, 0)
+
+
+def test_pinned_blocks_are_never_evicted_and_count_against_the_budget() -> None:
+    cache = HotTier(40)
+    cache.pin([key(0), key(9)])  # key 9 is pinned before it arrives
+    for i in range(3):
+        cache.put(key(i), i, 10)
+    assert cache.pinned_bytes == 10 and cache.pinned_blocks == 1
+    for i in range(3, 8):  # churn: everything else goes, the pinned block stays
+        assert cache.put(key(i), i, 10)
+    assert key(0) in cache and [i for i in range(1, 8) if key(i) in cache] == [5, 6, 7]
+    assert cache.put(key(9), 9, 10) and cache.pinned_bytes == 20 and cache.used_bytes == 40
+    assert not cache.put(key(10), 10, 25)  # only 20 bytes are not pinned: it cannot fit...
+    assert [i for i in range(8) if key(i) in cache] == [0, 6, 7]  # ...and nothing was evicted for it
+    assert cache.clear() == (2, 20) and key(0) in cache and key(9) in cache  # a clear keeps pins
+    assert cache.used_bytes == 20
+
+
+def test_unpinned_blocks_are_evictable_again_and_pins_are_counted_per_snapshot() -> None:
+    cache = HotTier(30)
+    cache.pin([key(0)])
+    cache.pin([key(0)])  # two snapshots share the block
+    cache.put(key(0), 0, 10)
+    cache.put(key(1), 1, 10)
+    cache.unpin([key(0)])
+    assert cache.is_pinned(key(0)) and cache.pinned_bytes == 10
+    cache.unpin([key(0)])
+    assert not cache.is_pinned(key(0)) and cache.pinned_bytes == 0
+    cache.put(key(2), 2, 10)
+    cache.put(key(3), 3, 10)  # the oldest, key 0, goes first now
+    assert key(0) not in cache and key(1) in cache
+
+
+def test_a_peek_changes_no_recency_and_counts_nothing() -> None:
+    cache = HotTier(20)
+    cache.put(key(0), "a", 10)
+    cache.put(key(1), "b", 10)
+    assert cache.peek(key(0)) == "a" and cache.nbytes(key(0)) == 10 and cache.peek(key(5)) is None
+    cache.put(key(2), "c", 10)
+    assert key(0) not in cache and key(1) in cache  # a lookup would have kept key 0
+    assert (cache.stats.hits, cache.stats.misses) == (0, 0)
