@@ -285,13 +285,17 @@ class KVStore(SpaceKeeper):
         try:  # outside the lock: readers go on while the disk catches up
             for fd in fds:
                 os.fsync(fd)
+            with self._lock:
+                self._index.sync()
+            sync_directory(self._segments_dir)
+            sync_directory(self.root)
+        except OSError:
+            with self._lock:  # not durable yet: the next flush tries these segments again
+                self._unsynced |= numbers
+            raise
         finally:
             for fd in fds:
                 os.close(fd)
-        with self._lock:
-            self._index.sync()
-        sync_directory(self._segments_dir)
-        sync_directory(self.root)
 
     # ------------------------------------------------------------ snapshots (pins)
 

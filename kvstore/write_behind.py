@@ -116,20 +116,29 @@ class Writer(threading.Thread):
             item = self.queue.take(timeout=0.5)
             if item is False:
                 if dirty and time.monotonic() - last_write > _IDLE_SYNC_S:
-                    self.store.flush()
-                    dirty = False
+                    dirty = not self._sync()
                 continue
             if item is None:
-                self.store.flush()
+                self._sync()
                 return
             if isinstance(item, Put):
                 self._put(item)
                 last_write, dirty = time.monotonic(), True
                 continue
             if isinstance(item.message, KVFlush):
-                self.store.flush()
-                dirty = False
+                dirty = not self._sync()
             replies.send_multipart([item.identity, *encode(self._answer(item.message))])
+
+    def _sync(self) -> bool:
+        """fsync what was written. A disk that fails it (read-only, full, gone) costs the
+        durability of those writes, logged, and never the writer: the kvstore keeps
+        serving what it has and retries at the next sync."""
+        try:
+            self.store.flush()
+            return True
+        except OSError as exc:
+            log.error("cold tier sync failed (retried at the next one): %s", exc)
+            return False
 
     def _answer(self, message: KVFlush | KVClear | KVPin | KVUnpin) -> Message:
         if isinstance(message, KVFlush):
