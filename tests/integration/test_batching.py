@@ -171,7 +171,9 @@ def small_service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFact
 def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service) -> None:
     url = f"{small_service.base_url}/v1/chat/completions"
     model = httpx.get(f"{small_service.base_url}/v1/models").json()["data"][0]["id"]
-    body = {"model": model, "messages": ask("the sea"), "max_tokens": 60, "temperature": 0}
+    # long enough that all four are still running or queued when the worker's next pong
+    # reports them (60 tokens took under a second on AVX-512 kernels: the pong never saw 4)
+    body = {"model": model, "messages": ask("the sea"), "max_tokens": 300, "ignore_eos": True, "temperature": 0}
     results: list[int] = []
 
     def run() -> None:
@@ -186,6 +188,8 @@ def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service) ->
         if worker.get("worker_active") == 4:
             break
         time.sleep(0.1)
+    else:
+        pytest.fail("the worker never reported its 4 slots and queue places taken")
     refused = httpx.post(url, json=body, timeout=60)
     for t in threads:
         t.join()
