@@ -12,9 +12,15 @@ import httpx
 import openai
 import pytest
 
+from bench.common import eos_token_ids
 from tests.integration.service import Service
 
 pytestmark = pytest.mark.timeout(600)
+
+def no_eos(model_dir: Path) -> dict[str, float]:
+    """A logit_bias that keeps a request generating to its max_tokens (mlxd has no ignore_eos)."""
+    return {str(i): -100 for i in eos_token_ids(model_dir)}
+
 
 TOPICS = ["the ocean", "volcanoes", "bread baking", "chess openings", "the moon",
           "honey bees", "railways", "glaciers"]
@@ -112,14 +118,17 @@ def test_long_prefill_never_freezes_running_streams(client, model_id, service) -
     assert worst < 2 * chunk_s, f"largest gap {worst:.2f}s >= 2 prefill chunks ({chunk_s:.2f}s each)"
 
 
-def test_disconnecting_streams_frees_their_slots(client, model_id, service) -> None:
+def test_disconnecting_streams_frees_their_slots(client, model_id, service, default_model_dir: Path) -> None:
+    bias = no_eos(default_model_dir)
     url = f"{service.base_url}/v1/chat/completions"
     stop_reading = [threading.Event() for _ in range(8)]
     counts = [0] * 8
 
     def read(i: int) -> None:
-        body = {"model": model_id, "messages": ask(TOPICS[i]), "max_tokens": 400, "temperature": 0,
-                "stream": True}
+        # EOS biased away: the four kept streams must still be running when the worker's
+        # pong reports them (answers that end at EOS finished first on AVX-512 kernels)
+        body = {"model": model_id, "messages": ask(TOPICS[i]), "max_tokens": 400, "logit_bias": bias,
+                "temperature": 0, "stream": True}
         with httpx.stream("POST", url, json=body, timeout=300) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
@@ -168,12 +177,13 @@ def small_service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFact
         svc.stop()
 
 
-def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service) -> None:
+def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service, default_model_dir: Path) -> None:
     url = f"{small_service.base_url}/v1/chat/completions"
     model = httpx.get(f"{small_service.base_url}/v1/models").json()["data"][0]["id"]
     # long enough that all four are still running or queued when the worker's next pong
     # reports them (60 tokens took under a second on AVX-512 kernels: the pong never saw 4)
-    body = {"model": model, "messages": ask("the sea"), "max_tokens": 300, "ignore_eos": True, "temperature": 0}
+    body = {"model": model, "messages": ask("the sea"), "max_tokens": 300, "logit_bias": no_eos(default_model_dir),
+            "temperature": 0}
     results: list[int] = []
 
     def run() -> None:
@@ -189,7 +199,7 @@ def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service) ->
             break
         time.sleep(0.1)
     else:
-        pytest.fail("the worker never reported its 4 slots and queue places taken")
+        pytest.fail(f"the worker never reported its 4 slots and queue places taken: {worker}, {results}")
     refused = httpx.post(url, json=body, timeout=60)
     for t in threads:
         t.join()
