@@ -12,7 +12,9 @@ Greedy probe prompts are answered from scratch (salted: no cache) before the cli
 start; with --chaos, every --chaos-every-s a random fault (SIGKILL or SIGSTOP/SIGCONT of a
 worker or the kvstore, an admin restart, the cold tier's disk made read-only or full)
 is followed, once /health is ok again, by a replay of the probes, which must match token
-for token. Every process's RSS, open files and threads are read at start, after warm-up
+for token (replays run beside the fault loop, each one covering the faults struck since
+the previous began, so a replay that queues behind the clients does not space the faults
+out). Every process's RSS, open files and threads are read at start, after warm-up
 and at the end. One JSON object on stdout (and --out).
 
     python bench/soak.py --clients 10 --duration-s 120 --chaos
@@ -420,7 +422,7 @@ class Chaos:
                 self.disk.fill(False)
         except (httpx.HTTPError, OSError, subprocess.CalledProcessError) as exc:
             event["error"] = repr(exc)
-        event.update(self._recover_and_probe())
+        event.update(self._recover())
         self.events.append(event)
         log("chaos: %s", event)
         return event
@@ -434,28 +436,75 @@ class Chaos:
         with contextlib.suppress(ProcessLookupError):  # a supervisor may have killed it as hung meanwhile
             os.kill(pid, signal.SIGCONT)
 
-    def _recover_and_probe(self) -> dict[str, Any]:
+    def _recover(self) -> dict[str, Any]:
+        """Wait until /health says ok again (up to 300 s): how long the service took."""
         started = time.monotonic()
         while time.monotonic() - started < 300:
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 health = self.http.get("/health", timeout=10).json()
                 if health.get("status") == "ok":
-                    break
+                    return {"recovered": True, "recovered_s": round(time.monotonic() - started, 2)}
             time.sleep(0.5)
-        else:
-            return {"recovered": False}
-        recovered_s = time.monotonic() - started
-        for attempt in range(3):  # a probe may meet the tail of the fault (a 503): retry
+        return {"recovered": False}
+
+    def replay(self) -> dict[str, Any]:
+        """The greedy probes again, against the answers recorded from scratch."""
+        for attempt in range(3):  # a probe may meet the tail of a fault (a 503): retry
             try:
                 got = probe_answers(self.base_url, self.models, None)
                 break
             except httpx.HTTPError:
                 time.sleep(2)
         else:
-            return {"recovered": True, "recovered_s": round(recovered_s, 2), "probes": "failed to run"}
+            return {"probes": "failed to run"}
         wrong = [key for key, answer in got.items() if answer != self.expected[key]]
-        return {"recovered": True, "recovered_s": round(recovered_s, 2), "probes_match": not wrong,
-                "probes_wrong": wrong}
+        return {"probes_match": not wrong, "probes_wrong": wrong}
+
+    def _recover_and_probe(self) -> dict[str, Any]:
+        recovered = self._recover()
+        return {**recovered, **self.replay()} if recovered["recovered"] else recovered
+
+
+class Replayer(threading.Thread):
+    """Replays the probes after faults without holding up the next one: under 50 clients
+    a replay waits its turn in the workers' queues for minutes, and a chaos loop that
+    waited for it struck once in ten minutes. Each replay answers for every fault struck
+    since the previous replay began (their events get its verdict)."""
+
+    def __init__(self, chaos: Chaos) -> None:
+        super().__init__(name="probe-replayer", daemon=True)
+        self.chaos = chaos
+        self.replays: list[dict[str, Any]] = []
+        self._waiting: list[dict[str, Any]] = []
+        self._ready = threading.Condition()
+        self._closing = False
+
+    def after(self, event: dict[str, Any]) -> None:
+        with self._ready:
+            self._waiting.append(event)
+            self._ready.notify()
+
+    def close(self, timeout_s: float) -> None:
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
+        self.join(timeout_s)
+
+    def run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._waiting and not self._closing:
+                    self._ready.wait()
+                if not self._waiting:
+                    return
+                covered, self._waiting = self._waiting, []
+            started = time.monotonic()
+            verdict = self.chaos.replay()
+            verdict["replay_s"] = round(time.monotonic() - started, 1)
+            for event in covered:
+                event.update(verdict)
+            self.replays.append({"faults": [e["action"] + "@" + e["at"] for e in covered], **verdict})
+            log("probe replay after %d fault(s): %s", len(covered), verdict)
 
 
 # ---------------------------------------------------------------- the run
@@ -566,21 +615,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 thread.start()
             rng = random.Random(args.seed)
             chaos = Chaos(server.base_url, names, disk, rng, expected) if args.chaos else None
+            replayer = Replayer(chaos) if chaos is not None else None
+            if replayer is not None:
+                replayer.start()
             warm_at = started + args.warmup_s
             next_fault = started + args.warmup_s + args.chaos_every_s
             while time.monotonic() - started < args.duration_s:
                 if "warm" not in processes and time.monotonic() >= warm_at:
                     processes["warm"] = process_table(router_pid, server.base_url)
                     log("warm: %s", processes["warm"])
-                if chaos is not None and time.monotonic() >= next_fault:
-                    chaos.strike()
+                if chaos is not None and replayer is not None and time.monotonic() >= next_fault:
+                    replayer.after(chaos.strike())
                     next_fault = time.monotonic() + args.chaos_every_s
                 time.sleep(0.5)
             stop.set()
             for thread in threads:
                 thread.join(args.hung_s + 30)
             result["still_running_clients"] = sum(t.is_alive() for t in threads)
-            if chaos is not None:  # the last word on wrong answers, after the load is gone
+            if chaos is not None and replayer is not None:  # the last word on wrong answers, after the load is gone
+                replayer.close(600)
                 result["final_probes_match"] = chaos._recover_and_probe().get("probes_match")
             processes.setdefault("warm", processes["start"])
             processes["end"] = process_table(router_pid, server.base_url)
@@ -594,7 +647,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["faults"] = {"count": len(faults),
                                     "by_action": dict(collections.Counter(e["action"] for e in faults)),
                                     "not_recovered": sum(not e.get("recovered") for e in faults),
+                                    "verified_by_a_replay": sum("probes_match" in e for e in faults),
                                     "probe_mismatches": sum(e.get("probes_match") is False for e in faults),
+                                    "replays": replayer.replays if replayer is not None else [],
                                     "events": faults}
                 result["disk_faults"] = bool(disk is not None and disk.mounted)
             return result
