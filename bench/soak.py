@@ -10,7 +10,7 @@ what was asked: no tool call, JSON that does not parse), or hung (no byte for --
 
 Greedy probe prompts are answered from scratch (salted: no cache) before the clients
 start; with --chaos, every --chaos-every-s a random fault (SIGKILL or SIGSTOP/SIGCONT of a
-worker or the kvstore, an admin restart, the cold tier's disk made read-only or full)
+worker or the kvstore, an admin restart, the cold tier's disk filled)
 is followed, once /health is ok again, by a replay of the probes, which must match token
 for token (replays run beside the fault loop, each one covering the faults struck since
 the previous began, so a replay that queues behind the clients does not space the faults
@@ -272,6 +272,10 @@ def _has_output(data: dict) -> bool:
 # ---------------------------------------------------------------- probes
 
 
+class ProbeFailed(Exception):
+    """A probe got an error instead of an answer (a fault's tail): retried, never a mismatch."""
+
+
 def probe_answers(base_url: str, models: list[str], salt: str | None) -> dict[str, list[int] | str]:
     """Each model's greedy answer to each probe, token for token (each token's bytes, from
     logprobs) and as text, over the shared prefix so the prefix cache serves them;
@@ -287,7 +291,10 @@ def probe_answers(base_url: str, models: list[str], salt: str | None) -> dict[st
                     body["cache_salt"] = salt
                 answer = http.post("/v1/chat/completions", json=body)
                 answer.raise_for_status()
-                choice = answer.json()["choices"][0]
+                parsed = answer.json()
+                if "error" in parsed:  # a padded 200 whose worker failed after the status went out
+                    raise ProbeFailed(f"{model}: {parsed['error']}")
+                choice = parsed["choices"][0]
                 tokens = [t["bytes"] for t in choice["logprobs"]["content"]]
                 answers[f"{model}|{probe}"] = {"text": choice["message"]["content"], "tokens": tokens}
     return answers
@@ -383,7 +390,9 @@ class Chaos:
     def actions(self) -> list[str]:
         names = ["sigkill_worker", "sigstop_worker", "sigkill_kvstore", "sigstop_kvstore", "admin_restart"]
         if self.disk is not None and self.disk.mounted:
-            names += ["disk_read_only", "disk_full"]
+            # not "read-only": a remount ro of the tmpfs is refused (EBUSY) while the kvstore
+            # holds segments open for writing; a full disk is the fault a user meets anyway
+            names += ["disk_full"]
         return names
 
     def _worker_pid(self, model: str) -> int | None:
@@ -449,14 +458,17 @@ class Chaos:
 
     def replay(self) -> dict[str, Any]:
         """The greedy probes again, against the answers recorded from scratch."""
-        for attempt in range(3):  # a probe may meet the tail of a fault (a 503): retry
+        errors = []
+        for attempt in range(10):  # a probe may meet a fault (a 503, a worker killed mid-answer): retry
             try:
                 got = probe_answers(self.base_url, self.models, None)
                 break
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ProbeFailed, ValueError) as exc:
+                errors.append(repr(exc)[:200])
+                self._recover()
                 time.sleep(2)
         else:
-            return {"probes": "failed to run"}
+            return {"probes": "failed to run", "probe_errors": errors}
         wrong = [key for key, answer in got.items() if answer != self.expected[key]]
         return {"probes_match": not wrong, "probes_wrong": wrong}
 
@@ -499,7 +511,10 @@ class Replayer(threading.Thread):
                     return
                 covered, self._waiting = self._waiting, []
             started = time.monotonic()
-            verdict = self.chaos.replay()
+            try:
+                verdict = self.chaos.replay()
+            except Exception as exc:  # the harness's own bug must not end the replays silently
+                verdict = {"probes": f"replay crashed: {exc!r}"[:300]}
             verdict["replay_s"] = round(time.monotonic() - started, 1)
             for event in covered:
                 event.update(verdict)
