@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from protocol.codec import decode
 from protocol.errors import ProtocolError
 from protocol.messages import KVFlush, KVFlushResult, KVGet, KVGetResult
+from tests.fuzz_frames import frame_strategy
 from tests.kvstore.helpers import KVClient, KVProcess, key, payload
 
 pytestmark = pytest.mark.timeout(300)
@@ -43,19 +44,7 @@ bodies = st.fixed_dictionaries({
     lambda dropped: {k: v for k, v in body.items() if k not in dropped or k == "type"}))
 
 
-def _packed(body: dict) -> bytes:
-    try:
-        return msgpack.packb(body, use_bin_type=True)
-    except (OverflowError, ValueError, TypeError):
-        return msgpack.packb({"type": body["type"]}, use_bin_type=True)
-
-
-frames = st.one_of(
-    st.lists(st.binary(max_size=64), min_size=1, max_size=3),  # raw bytes
-    st.tuples(bodies, st.lists(st.binary(max_size=BLOCK), max_size=3)).map(lambda b: [_packed(b[0]), *b[1]]),
-    st.tuples(bodies, st.integers(min_value=0, max_value=200), st.binary(min_size=1, max_size=4)).map(
-        lambda b: (lambda raw: [raw[:b[1]] + b[2] + raw[b[1] + len(b[2]):]])(_packed(b[0]))),  # bytes flipped
-)
+frames = frame_strategy(bodies, BLOCK, 3)
 
 
 @pytest.fixture(scope="module")

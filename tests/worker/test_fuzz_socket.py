@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
@@ -37,6 +36,7 @@ from protocol.messages import (
 )
 from protocol.settings import WorkerSettings
 from protocol.sockets import make_socket
+from tests.fuzz_frames import frame_strategy
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
@@ -70,19 +70,7 @@ bodies = st.tuples(st.sampled_from(["add_request", "count_tokens", "clear_cache"
                "nonce": t[2], "sent_at": t[2]})
 
 
-def _packed(body: dict) -> bytes:
-    try:
-        return msgpack.packb(body, use_bin_type=True)
-    except (OverflowError, ValueError, TypeError):
-        return msgpack.packb({"type": body["type"]}, use_bin_type=True)
-
-
-frames = st.one_of(
-    st.lists(st.binary(max_size=64), min_size=1, max_size=3),
-    st.tuples(bodies, st.lists(st.binary(max_size=32), max_size=2)).map(lambda b: [_packed(b[0]), *b[1]]),
-    st.tuples(bodies, st.integers(min_value=0, max_value=200), st.binary(min_size=1, max_size=4)).map(
-        lambda b: (lambda raw: [raw[:b[1]] + b[2] + raw[b[1] + len(b[2]):]])(_packed(b[0]))),
-)
+frames = frame_strategy(bodies, 32, 2)
 
 
 @dataclass
