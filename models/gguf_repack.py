@@ -1,9 +1,9 @@
 """GGUF quantized blocks as MLX affine quantization (`value = scale * q + bias` per group of
 32 values, q packed into uint32 words), without dequantizing.
 
-Every format here maps exactly: Q4_0/Q4_1/Q8_0 and Q4_K keep their width; the 5-bit
-formats (Q5_0, Q5_1, Q5_K) are held as 8-bit values, which MLX's and mlxd's kernels
-serve (their 5-bit layout has no fast CPU kernel). The K-quants' group scales are
+Every format here maps exactly and keeps its width: Q4_0/Q4_1/Q4_K as 4-bit, Q8_0 as
+8-bit, Q5_0/Q5_1/Q5_K as 5-bit (MLX's bit-stream layout, which mlxd's CPU kernels
+multiply in place). The K-quants' group scales are
 d * sub-scale products of an fp16 and a 6-bit integer: exact in float32, not in float16,
 so they are stored as float32. Formats with 16-value sub-blocks (Q6_K, Q3_K, Q2_K) have
 no exact group-32 form; `requantize_8bit` handles them (gguf_tensors measures the error).
@@ -24,18 +24,24 @@ EXACT_BITS: dict[GGMLQuantizationType, int] = {
     GGMLQuantizationType.Q4_1: 4,
     GGMLQuantizationType.Q8_0: 8,
     GGMLQuantizationType.Q4_K: 4,
-    GGMLQuantizationType.Q5_0: 8,
-    GGMLQuantizationType.Q5_1: 8,
-    GGMLQuantizationType.Q5_K: 8,
+    GGMLQuantizationType.Q5_0: 5,
+    GGMLQuantizationType.Q5_1: 5,
+    GGMLQuantizationType.Q5_K: 5,
 }
 
 Affine = tuple[np.ndarray, np.ndarray, np.ndarray]  # packed uint32 weight, scales, biases
 
 
 def _pack_affine(values: np.ndarray, bits: int) -> np.ndarray:
-    """Pack unsigned `bits`-wide values (rows, n) into MLX's little-endian uint32 words."""
+    """Pack unsigned `bits`-wide values (rows, n) into MLX's little-endian uint32 words:
+    4-bit two to a byte, 8-bit one a byte, 5-bit as a bit stream (eight values in five
+    bytes, value i at bits 5i..5i+4)."""
     if bits == 4:
         values = values[..., 0::2] | (values[..., 1::2] << 4)
+    elif bits == 5:
+        eights = values.astype(np.uint64).reshape(*values.shape[:-1], -1, 8)
+        words = np.bitwise_or.reduce(eights << (np.arange(8, dtype=np.uint64) * 5), axis=-1)
+        values = words[..., None].view(np.uint8)[..., :5].reshape(*values.shape[:-1], -1)
     flat = np.ascontiguousarray(values.astype(np.uint8))
     return flat.reshape(flat.shape[0], -1).view(np.uint32)
 

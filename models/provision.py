@@ -32,7 +32,7 @@ MODEL_NAME = DEFAULT_MODEL.directory
 GGUF_ENV = "MLXD_DEFAULT_GGUF"
 MARKER = ".mlxd-complete"
 # Bumped when the converter's output changes, so existing homes are converted again.
-CONVERSION_VERSION = 2
+CONVERSION_VERSION = 3
 UNKNOWN_NAME_EXIT = 2  # a usage error, as argparse exits; failures exit 1
 
 

@@ -4,7 +4,7 @@ charges by it, so the two never disagree about what a model costs."""
 
 from __future__ import annotations
 
-SERVED_BITS = (4, 8)
+SERVED_BITS = (4, 5, 8)
 SERVED_GROUP_SIZES = (32, 64, 128)
 
 

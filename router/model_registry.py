@@ -108,7 +108,7 @@ def estimate_weights_bytes(model_dir: Path, config: dict[str, Any], dequantize_a
                 # else: folded into the dequantized weight
             elif info["dtype"] == "U32" and quant:
                 bits = _layer_layout(quant, module)[0]
-                total += numel * 4 if kept else numel * (32 // bits) * 4
+                total += numel * 4 if kept else numel * 32 // bits * 4  # values per word: 32 / bits
             else:
                 total += numel * 4
     return total

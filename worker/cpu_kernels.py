@@ -78,11 +78,11 @@ def _self_test(kernels: Any) -> str | None:
 
 
 def _quantized_problem(kernels: Any) -> str | None:
-    """None if the quantized matmul (both widths, both scale dtypes, decode and prefill
+    """None if the quantized matmul (every width, both scale dtypes, decode and prefill
     shapes) agrees with MLX's dequantized product, a row alone gives the bits it gives
     in a batch and a token the bits it gives inside a longer segment; else what differs."""
     weight = mx.random.normal((48, 128), key=mx.random.key(3))
-    for bits, dtype in ((4, mx.float16), (8, mx.float32)):
+    for bits, dtype in ((4, mx.float16), (5, mx.float16), (8, mx.float32)):
         w, scales, biases = mx.quantize(weight, group_size=32, bits=bits)
         scales, biases = scales.astype(dtype), biases.astype(dtype)
         reference = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=32, bits=bits)

@@ -38,6 +38,10 @@ CASES = [
     (4, 32, mx.float16, 576),  # SmolLM2's hidden size
     (4, 64, mx.float32, 640),
     (4, 128, mx.float16, 896),
+    (5, 32, mx.float16, 96),  # 5-bit: a 20-byte block, values crossing bytes
+    (5, 32, mx.float32, 896),  # Qwen2.5-0.5B's hidden size (its Q5_0 layers)
+    (5, 64, mx.float16, 640),
+    (5, 128, mx.float32, 1024),
     (8, 32, mx.float16, 576),
     (8, 64, mx.float32, 320),
     (8, 128, mx.float32, 1024),
@@ -88,7 +92,7 @@ def test_a_changed_weight_changes_the_output() -> None:
     assert changed == [5]
 
 
-@pytest.mark.parametrize("bits,group_size,dtype,k", CASES[:5])
+@pytest.mark.parametrize("bits,group_size,dtype,k", CASES[:9])
 def test_gather_equals_dequantized_rows(bits: int, group_size: int, dtype: mx.Dtype, k: int) -> None:
     w, scales, biases = _weights(50, k, bits, group_size, dtype)
     ids = mx.array([[3, 49, 0], [3, 7, 12]])
@@ -114,7 +118,7 @@ import numpy as np
 import mlx.core as mx
 from worker import _cpu_kernels as kernels
 out = []
-for bits, group_size, k in ((4, 32, 96), (4, 64, 640), (8, 32, 576), (8, 128, 1024)):
+for bits, group_size, k in ((4, 32, 96), (4, 64, 640), (5, 32, 896), (5, 128, 640), (8, 32, 576), (8, 128, 1024)):
     w, s, b = mx.quantize(mx.random.normal((33, k), key=mx.random.key(1)), group_size=group_size, bits=bits)
     x = mx.random.normal((7, 1, k), key=mx.random.key(2))
     out.append(np.array(kernels.quantized_matmul(x, w, s.astype(mx.float16), b.astype(mx.float16),

@@ -34,8 +34,7 @@ void dequant_scalar(const Layout& L, const Row& r, int64_t k0, int64_t k1, float
     float s = L.scale_at(r.scales, g), b = L.scale_at(r.biases, g);
     for (int j = 0; j < kBlock; ++j) {
       int64_t i = k + j;
-      uint32_t q = L.bits == 4 ? (r.q[i >> 1] >> ((i & 1) * 4)) & 0xF : r.q[i];
-      out[k - k0 + j] = std::fma(static_cast<float>(q), s, b);
+      out[k - k0 + j] = std::fma(static_cast<float>(value_at(r.q, i, L.bits)), s, b);
     }
   }
 }
@@ -66,7 +65,13 @@ __attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const Layout& L, cons
       v2 = second;
       v3 = _mm_srli_si128(second, 8);
     } else {
+      // 5-bit values are spread to a byte each first (gathers are not a hot path)
+      alignas(16) uint8_t spread[kBlock];
       const uint8_t* p = r.q + k;
+      if (L.bits == 5) {
+        for (int j = 0; j < kBlock; ++j) spread[j] = static_cast<uint8_t>(value5(r.q, k + j));
+        p = spread;
+      }
       v0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
       v1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8));
       v2 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16));
@@ -111,7 +116,7 @@ Layout make_layout(const array& w, const array& scales, int group_size, int bits
 
 void check_weights(const char* op, const array& w, const array& scales, const array& biases, int group_size,
                    int bits) {
-  if (bits != 4 && bits != 8) throw std::invalid_argument(std::string(op) + ": bits must be 4 or 8");
+  if (bits != 4 && bits != 5 && bits != 8) throw std::invalid_argument(std::string(op) + ": bits must be 4, 5 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument(std::string(op) + ": group_size must be 32, 64 or 128");
   }

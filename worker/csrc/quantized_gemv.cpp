@@ -39,11 +39,11 @@ float reduce8(const float* v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-// Where value i of a block lies in its 32 quantized activations: in order for 8-bit
-// weights; for 4-bit weights the evens first, then the odds, because the kernel splits
-// a byte's two nibbles (values 2e and 2e+1) into two vectors.
+// Where value i of a block lies in its 32 quantized activations: in order for 8- and
+// 5-bit weights; for 4-bit weights the evens first, then the odds, because the kernel
+// splits a byte's two nibbles (values 2e and 2e+1) into two vectors.
 inline int activation_slot(int i, int bits) {
-  return bits == 8 ? i : (i & 1) * 16 + (i >> 1);
+  return bits == 4 ? (i & 1) * 16 + (i >> 1) : i;
 }
 
 // The 32 products of a block land in eight int32 lanes (madd adds neighbouring pairs):
@@ -108,8 +108,7 @@ void rows_scalar(const Layout& L, const uint8_t* w, const void* s, const void* b
       float acc[8] = {};
       for (int64_t j = 0; j < a.blocks; ++j) {
         for (int i = 0; i < kBlock; ++i) {
-          int value = L.bits == 4 ? (r.q[16 * j + (i >> 1)] >> ((i & 1) * 4)) & 0xF
-                                  : static_cast<int>(r.q[32 * j + i]) - 128;
+          int value = static_cast<int>(value_at(r.q, kBlock * j + i, L.bits)) - (L.bits == 8 ? 128 : 0);
           weights[activation_slot(i, L.bits)] = value;
         }
         const int16_t* x = xq + j * kBlock;
@@ -189,9 +188,15 @@ using RowsFn = void (*)(const Layout&, const uint8_t*, const void*, const void*,
 // The loop that computes a block of outputs on this path, for this weight width.
 RowsFn rows_for(Isa path, int bits) {
 #if defined(__x86_64__)
-  if (path == Isa::avx512) return bits == 4 ? zmm_path::rows_avx512<4> : zmm_path::rows_avx512<8>;
-  if (path == Isa::vnni) return bits == 4 ? vnni_path::rows_avx2<4> : vnni_path::rows_avx2<8>;
-  if (path == Isa::avx2) return bits == 4 ? madd_path::rows_avx2<4> : madd_path::rows_avx2<8>;
+  if (path == Isa::avx512) {
+    return bits == 4 ? zmm_path::rows_avx512<4> : bits == 5 ? zmm_path::rows_avx512<5> : zmm_path::rows_avx512<8>;
+  }
+  if (path == Isa::vnni) {
+    return bits == 4 ? vnni_path::rows_avx2<4> : bits == 5 ? vnni_path::rows_avx2<5> : vnni_path::rows_avx2<8>;
+  }
+  if (path == Isa::avx2) {
+    return bits == 4 ? madd_path::rows_avx2<4> : bits == 5 ? madd_path::rows_avx2<5> : madd_path::rows_avx2<8>;
+  }
 #endif
   return rows_scalar;
 }

@@ -40,7 +40,8 @@ struct Row {
 };
 
 // w[n, k] = scales[n, k >> group_shift] * q[n, k] + biases[...], q packed little-endian:
-// 4-bit values two to a byte (value 2i in the low nibble of byte i), 8-bit one a byte.
+// 4-bit values two to a byte (value 2i in the low nibble of byte i), 8-bit one a byte,
+// 5-bit as one bit stream (value i in bits 5i..5i+4), so a block of 32 is 20 bytes.
 struct Layout {
   int64_t N, K;
   int64_t row_bytes;   // packed bytes per weight row
@@ -59,5 +60,21 @@ struct Layout {
     return half_scales ? half_to_float(static_cast<const uint16_t*>(p)[g]) : static_cast<const float*>(p)[g];
   }
 };
+
+// Value i of a 5-bit row: its field starts at bit 5i; it crosses into the next byte
+// only when it starts past bit 3 of its byte (never for the row's last value).
+inline uint32_t value5(const uint8_t* q, int64_t i) {
+  int64_t bit = 5 * i;
+  uint32_t word = q[bit >> 3];
+  if ((bit & 7) > 3) word |= static_cast<uint32_t>(q[(bit >> 3) + 1]) << 8;
+  return (word >> (bit & 7)) & 0x1F;
+}
+
+// Value i of a row of any served width, unsigned as stored.
+inline uint32_t value_at(const uint8_t* q, int64_t i, int bits) {
+  if (bits == 4) return (q[i >> 1] >> ((i & 1) * 4)) & 0xF;
+  if (bits == 5) return value5(q, i);
+  return q[i];
+}
 
 }  // namespace mlxd
