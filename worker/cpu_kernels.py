@@ -101,7 +101,50 @@ def _quantized_problem(kernels: Any) -> str | None:
         rows = kernels.quantized_gather(w, scales, biases, ids, group_size=32, bits=bits)
         if mx.abs(rows - reference[ids]).max().item() > 1e-5:
             return f"{bits}-bit gather differs from MLX"
+        tiled = tile_weight(w, bits, 4)
+        if not (mx.array_equal(kernels.quantized_matmul(x, tiled, scales, biases, group_size=32, bits=bits), got).item()
+                and mx.array_equal(kernels.quantized_gather(tiled, scales, biases, ids, group_size=32, bits=bits),
+                                   rows).item()):
+            return f"a tiled {bits}-bit weight gives other results than the plain one"
     return None
+
+
+def tile_weight(w: mx.array, bits: int, tile_rows: int) -> mx.array:
+    """A (N, K*bits/32) quantized weight as the kernels' tiled layout (N / T, T * K*bits/32):
+    block j (32 values, 4 * bits bytes) of rows T*t .. T*t+T-1 side by side."""
+    rows, words = w.shape
+    block_bytes = 4 * bits
+    blocks = words * 4 // block_bytes
+    tiled = w.view(mx.uint8).reshape(rows // tile_rows, tile_rows, blocks, block_bytes).transpose(0, 2, 1, 3)
+    return mx.contiguous(tiled).reshape(rows // tile_rows, tile_rows * words * 4).view(mx.uint32)
+
+
+def tile_quantized_weights(model: nn.Module) -> int:
+    """Tile every quantized weight the kernels serve (tile_weight) so that the rows their
+    inner loop reads together stream from memory as one sequence: on a Zen 4 VM the
+    136 MB lm_head of Qwen2.5-0.5B took 12-28 ms per decode step from the plain (N, K)
+    layout and 5.3 ms tiled (one 5-bit/8-bit row pair or quartet interleaved per block).
+    The arithmetic and so every bit of the results is unchanged; MLX's own quantized
+    ops refuse the tiled shape (a clear error, never misread weights), so this runs only
+    once the kernels are installed. Returns the number of weights tiled."""
+    if not install().startswith("mlxd-cpu"):
+        return 0
+    tile_rows = _load_extension().quantized_tile_rows()
+    if tile_rows <= 1:
+        return 0
+    tiled = 0
+    for _, module in model.named_modules():
+        if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        scales, biases = module.get("scales"), module.get("biases")
+        if (biases is None or not serves_quantized(module.bits, module.group_size, getattr(module, "mode", "affine"))
+                or scales.dtype not in QUANTIZED_SCALE_DTYPES or module.weight.shape[0] != scales.shape[0]
+                or module.weight.shape[0] % tile_rows):
+            continue
+        module.weight = tile_weight(module.weight, module.bits, tile_rows)
+        mx.eval(module.weight)
+        tiled += 1
+    return tiled
 
 
 def serves_quantized(bits: int, group_size: int, mode: str = "affine") -> bool:
@@ -192,10 +235,11 @@ def _quantized_matmul(kernels: Any, fallback: Callable[..., mx.array]) -> Callab
             and x.dtype == mx.float32
             and w.dtype == mx.uint32
             and w.ndim == 2
+            and scales.ndim == 2
             and scales.dtype in QUANTIZED_SCALE_DTYPES
             and biases.dtype == scales.dtype
             and x.ndim >= 1
-            and x.shape[-1] == w.shape[1] * 32 // bits
+            and x.shape[-1] == scales.shape[1] * group_size  # w may be tiled: see tile_quantized_weights
         ):
             return kernels.quantized_matmul(x, w, scales, biases, group_size=group_size, bits=bits)
         return fallback(x, w, scales=scales, biases=biases, transpose=transpose, group_size=group_size,

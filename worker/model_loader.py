@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 
 from worker.cpu_kernels import install as install_cpu_kernels
-from worker.cpu_kernels import serves_quantized
+from worker.cpu_kernels import serves_quantized, tile_quantized_weights
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,8 @@ def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
             log.info("dequantized %d layers to %s for this device", num, effective)
     quantization = describe_quantization(model)
     if quantization != "none":
-        log.info("quantized layers served as they are: %s", quantization)
+        log.info("quantized layers served as they are: %s (%d weights tiled for the kernels)", quantization,
+                 tile_quantized_weights(model))
     mx.eval(model.parameters())
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     context = int(

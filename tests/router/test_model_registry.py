@@ -45,8 +45,8 @@ def test_served_layouts_count_as_stored_and_others_as_float32(tmp_path: Path) ->
     config = {"quantization": {"group_size": 32, "bits": 4, "e": {"group_size": 32, "bits": 8},
                                "odd": {"group_size": 64, "bits": 3}}}
     kept = 64 * 32 * 4 + 2 * 64 * 8 * 2 + 10 * 64 * 4 + 2 * 10 * 8 * 4
-    # 32 // 3 = 10 values per word: the estimate's rounding for odd widths
-    dequantized_odd = 8 * 12 * 10 * 4
+    # exactly 32 / 3 values per word (it was floored to 10, which undercounted odd widths)
+    dequantized_odd = 8 * 128 * 4
     assert estimate_weights_bytes(tmp_path, config) == kept + dequantized_odd + 256 * 4
     everything_fp32 = 64 * 256 * 4 + 10 * 64 * 4 * 4 + dequantized_odd + 256 * 4
     assert estimate_weights_bytes(tmp_path, config, dequantize_all=True) == everything_fp32

@@ -15,7 +15,7 @@
 namespace nb = nanobind;
 
 NB_MODULE(_cpu_kernels, m) {
-  m.doc() = "mlxd CPU kernels: attention, SwiGLU and logsumexp with a vectorized exp, and 4/8-bit quantized matmuls, on every core";
+  m.doc() = "mlxd CPU kernels: attention, SwiGLU and logsumexp with a vectorized exp, and 4/5/8-bit quantized matmuls, on every core";
   m.def(
       "attention",
       &mlxd::attention,
@@ -59,6 +59,7 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("bits"),
       nb::arg("stream") = nb::none());
   m.def("quantized_isa", &mlxd::quantized_isa);
+  m.def("quantized_tile_rows", &mlxd::quantized_tile_rows);
   m.def("rms_norm", &mlxd::rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"), nb::kw_only(),
         nb::arg("stream") = nb::none());
   m.def(

@@ -32,9 +32,9 @@ void dequant_scalar(const Layout& L, const Row& r, int64_t k0, int64_t k1, float
   for (int64_t k = k0; k < k1; k += kBlock) {
     int64_t g = k >> L.group_shift;
     float s = L.scale_at(r.scales, g), b = L.scale_at(r.biases, g);
+    const uint8_t* block = r.block(k / kBlock);
     for (int j = 0; j < kBlock; ++j) {
-      int64_t i = k + j;
-      out[k - k0 + j] = std::fma(static_cast<float>(value_at(r.q, i, L.bits)), s, b);
+      out[k - k0 + j] = std::fma(static_cast<float>(value_at(block, j, L.bits)), s, b);
     }
   }
 }
@@ -54,8 +54,9 @@ __attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const Layout& L, cons
     __m256 s = _mm256_set1_ps(scale_avx(L, r.scales, g));
     __m256 b = _mm256_set1_ps(scale_avx(L, r.biases, g));
     __m128i v0, v1, v2, v3;  // 8 values each, one byte per value
+    const uint8_t* block = r.block(k / kBlock);
     if (L.bits == 4) {
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.q + (k >> 1)));
+      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
       __m128i lo = _mm_and_si128(v, low);
       __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
       __m128i first = _mm_unpacklo_epi8(lo, hi);  // values 0..15 in order
@@ -67,9 +68,9 @@ __attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const Layout& L, cons
     } else {
       // 5-bit values are spread to a byte each first (gathers are not a hot path)
       alignas(16) uint8_t spread[kBlock];
-      const uint8_t* p = r.q + k;
+      const uint8_t* p = block;
       if (L.bits == 5) {
-        for (int j = 0; j < kBlock; ++j) spread[j] = static_cast<uint8_t>(value5(r.q, k + j));
+        for (int j = 0; j < kBlock; ++j) spread[j] = static_cast<uint8_t>(value5(block, j));
         p = spread;
       }
       v0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -102,10 +103,17 @@ const Isa& isa() {
   return chosen;
 }
 
+// Rows per tile of a weight: 1 for a plain (N, words) matrix, T for one tiled as
+// (N / T, T * words) (tile_weight).
+int tile_rows_of(const array& w, const array& scales) {
+  return w.shape(0) > 0 ? static_cast<int>(scales.shape(0) / w.shape(0)) : 1;
+}
+
 Layout make_layout(const array& w, const array& scales, int group_size, int bits) {
   Layout L{};
-  L.N = w.shape(0);
-  L.row_bytes = w.shape(1) * 4;
+  L.tile_rows = tile_rows_of(w, scales);
+  L.N = scales.shape(0);
+  L.row_bytes = w.shape(1) * 4 / L.tile_rows;
   L.K = L.row_bytes * 8 / bits;
   L.row_groups = scales.shape(1);
   L.group_shift = __builtin_ctz(static_cast<unsigned>(group_size));
@@ -121,9 +129,15 @@ void check_weights(const char* op, const array& w, const array& scales, const ar
     throw std::invalid_argument(std::string(op) + ": group_size must be 32, 64 or 128");
   }
   if (w.ndim() != 2 || w.dtype() != uint32) throw std::invalid_argument(std::string(op) + ": w must be 2-D uint32");
-  int64_t K = w.shape(1) * 32 / bits;
-  if (scales.ndim() != 2 || scales.shape(0) != w.shape(0) || scales.shape(1) * group_size != K ||
-      biases.shape() != scales.shape()) {
+  if (scales.ndim() != 2 || biases.shape() != scales.shape()) {
+    throw std::invalid_argument(std::string(op) + ": scales and biases must be (N, K / group_size)");
+  }
+  int64_t tile = w.shape(0) > 0 ? scales.shape(0) / w.shape(0) : 0;
+  if ((tile != 1 && tile != 2 && tile != 4) || w.shape(0) * tile != scales.shape(0) || w.shape(1) % tile != 0) {
+    throw std::invalid_argument(std::string(op) + ": w must be (N, K * bits / 32), or tiled (N / T, T * K * bits / 32)");
+  }
+  int64_t K = w.shape(1) / tile * 32 / bits;
+  if (scales.shape(1) * group_size != K) {
     throw std::invalid_argument(std::string(op) + ": scales and biases must be (N, K / group_size)");
   }
   if ((scales.dtype() != float32 && scales.dtype() != float16) || biases.dtype() != scales.dtype()) {
@@ -224,12 +238,12 @@ array contiguous_input(const array& a, Stream stream) {
 array quantized_matmul(const array& x, const array& w, const array& scales, const array& biases, int group_size,
                        int bits, StreamOrDevice s) {
   check_weights("quantized_matmul", w, scales, biases, group_size, bits);
-  int64_t K = w.shape(1) * 32 / bits;
+  int64_t K = scales.shape(1) * group_size;
   if (x.dtype() != float32 || x.ndim() < 1 || x.shape(-1) != K) {
     throw std::invalid_argument("quantized_matmul: x must be float32 with a last axis of K = " + std::to_string(K));
   }
   Shape shape = x.shape();
-  shape.back() = w.shape(0);
+  shape.back() = scales.shape(0);
   Stream stream = to_stream(s);
   return array(std::move(shape), float32, std::make_shared<QuantizedMatmul>(stream, group_size, bits),
                {contiguous_input(x, stream), contiguous_input(w, stream), contiguous_input(scales, stream),
@@ -241,7 +255,7 @@ array quantized_gather(const array& w, const array& scales, const array& biases,
   check_weights("quantized_gather", w, scales, biases, group_size, bits);
   if (!issubdtype(indices.dtype(), integer)) throw std::invalid_argument("quantized_gather: indices must be integers");
   Shape shape = indices.shape();
-  shape.push_back(static_cast<int>(w.shape(1) * 32 / bits));
+  shape.push_back(static_cast<int>(scales.shape(1) * group_size));
   Stream stream = to_stream(s);
   return array(std::move(shape), float32, std::make_shared<QuantizedGather>(stream, group_size, bits),
                {contiguous_input(w, stream), contiguous_input(scales, stream), contiguous_input(biases, stream),
@@ -250,6 +264,10 @@ array quantized_gather(const array& w, const array& scales, const array& biases,
 
 std::string quantized_isa() {
   return isa().name;
+}
+
+int quantized_tile_rows() {
+  return gemv_tile_rows();
 }
 
 }  // namespace mlxd

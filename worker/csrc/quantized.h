@@ -1,4 +1,4 @@
-// Matmuls and row gathers against MLX affine-quantized weights (4 or 8 bits, groups of
+// Matmuls and row gathers against MLX affine-quantized weights (4, 5 or 8 bits, groups of
 // 32, 64 or 128), for the CPU stream: MLX's own CPU kernel is scalar and single-threaded.
 #pragma once
 
@@ -11,6 +11,9 @@ namespace mlxd {
 // x (..., K) float32 times the transpose of the (N, K) weight that `w` (uint32, N rows of
 // K*bits/32 words), `scales` and `biases` (N, K/group_size; float32 or float16) encode:
 // w[n, k] = scales[n, k/g] * q[n, k] + biases[n, k/g]. Returns (..., N) float32.
+// `w` may also be tiled, (N / T, T * K*bits/32) with T = 2 or 4: each T rows' 32-value
+// blocks interleaved (quantized_layout.h), which the kernel streams in one sequence;
+// MLX's own quantized ops refuse that shape rather than misread it.
 //
 // The weights stay packed and stream once from memory while every row of x is multiplied
 // (quantized_gemv.h), each output computed in one fixed order that depends on its own row
@@ -39,7 +42,11 @@ mlx::core::array quantized_gather(
     int bits,
     mlx::core::StreamOrDevice s = {});
 
-// "avx-vnni", "avx2" or "scalar": the inner loop chosen for this CPU when the module loaded.
+// "avx512-vnni", "avx-vnni", "avx2" or "scalar": the inner loop chosen for this CPU when
+// the module loaded.
 std::string quantized_isa();
+
+// Rows per tile that loop reads together (4, 2; 1: tiling does not pay).
+int quantized_tile_rows();
 
 }  // namespace mlxd

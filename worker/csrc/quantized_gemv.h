@@ -22,7 +22,11 @@ namespace mlxd {
 void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* biases, const float* x, int64_t M,
           float* out);
 
-// "avx-vnni", "avx2" or "scalar": the inner loop chosen for this CPU.
+// "avx512-vnni", "avx-vnni", "avx2" or "scalar": the inner loop chosen for this CPU.
 const char* gemv_isa();
+
+// The weight rows that loop reads together (4, 2, or 1 for the scalar loop): weights
+// tiled by as many rows (Layout::tile_rows) stream from memory in one sequence.
+int gemv_tile_rows();
 
 }  // namespace mlxd
