@@ -101,35 +101,27 @@ def _quantized_problem(kernels: Any) -> str | None:
         rows = kernels.quantized_gather(w, scales, biases, ids, group_size=32, bits=bits)
         if mx.abs(rows - reference[ids]).max().item() > 1e-5:
             return f"{bits}-bit gather differs from MLX"
-        tiled = tile_weight(w, bits, 4)
-        if not (mx.array_equal(kernels.quantized_matmul(x, tiled, scales, biases, group_size=32, bits=bits), got).item()
-                and mx.array_equal(kernels.quantized_gather(tiled, scales, biases, ids, group_size=32, bits=bits),
-                                   rows).item()):
-            return f"a tiled {bits}-bit weight gives other results than the plain one"
+        for tile_rows in (16, 8):
+            panels = kernels.quantized_tile(w, scales, biases, group_size=32, bits=bits, tile_rows=tile_rows)
+            if not (mx.array_equal(kernels.quantized_matmul(x, *panels, group_size=32, bits=bits), got).item()
+                    and mx.array_equal(kernels.quantized_gather(*panels, ids, group_size=32, bits=bits), rows).item()):
+                return f"{bits}-bit weights in panels of {tile_rows} give other results than MLX's layout"
     return None
 
 
-def tile_weight(w: mx.array, bits: int, tile_rows: int) -> mx.array:
-    """A (N, K*bits/32) quantized weight as the kernels' tiled layout (N / T, T * K*bits/32):
-    block j (32 values, 4 * bits bytes) of rows T*t .. T*t+T-1 side by side."""
-    rows, words = w.shape
-    block_bytes = 4 * bits
-    blocks = words * 4 // block_bytes
-    tiled = w.view(mx.uint8).reshape(rows // tile_rows, tile_rows, blocks, block_bytes).transpose(0, 2, 1, 3)
-    return mx.contiguous(tiled).reshape(rows // tile_rows, tile_rows * words * 4).view(mx.uint32)
-
-
 def tile_quantized_weights(model: nn.Module) -> int:
-    """Tile every quantized weight the kernels serve (tile_weight) so that the rows their
-    inner loop reads together stream from memory as one sequence: on a Zen 4 VM the
-    136 MB lm_head of Qwen2.5-0.5B took 12-28 ms per decode step from the plain (N, K)
-    layout and 5.3 ms tiled (one 5-bit/8-bit row pair or quartet interleaved per block).
-    The arithmetic and so every bit of the results is unchanged; MLX's own quantized
-    ops refuse the tiled shape (a clear error, never misread weights), so this runs only
-    once the kernels are installed. Returns the number of weights tiled."""
+    """Put every quantized weight the kernels serve into panels of the height this CPU's
+    loop reads (16 rows for AVX-512, 8 for AVX2; worker/csrc/quantized_layout.h): each
+    32-value block of a panel's rows is stored together, in the order the loop cuts it
+    into multiply-add operands, so the weights stream from memory as one sequence and
+    unpack in a few instructions. Results are the same bits as from MLX's layout (which
+    the scalar loop reads); MLX's own quantized ops refuse the panel shape (a clear
+    error, never misread weights), so this runs only once the kernels are installed.
+    Returns the number of weights put in panels."""
     if not install().startswith("mlxd-cpu"):
         return 0
-    tile_rows = _load_extension().quantized_tile_rows()
+    kernels = _load_extension()
+    tile_rows = kernels.quantized_tile_rows()
     if tile_rows <= 1:
         return 0
     tiled = 0
@@ -138,11 +130,12 @@ def tile_quantized_weights(model: nn.Module) -> int:
             continue
         scales, biases = module.get("scales"), module.get("biases")
         if (biases is None or not serves_quantized(module.bits, module.group_size, getattr(module, "mode", "affine"))
-                or scales.dtype not in QUANTIZED_SCALE_DTYPES or module.weight.shape[0] != scales.shape[0]
-                or module.weight.shape[0] % tile_rows):
+                or scales.dtype not in QUANTIZED_SCALE_DTYPES or biases.dtype != scales.dtype
+                or module.weight.shape[0] != scales.shape[0] or module.weight.shape[0] % tile_rows):
             continue
-        module.weight = tile_weight(module.weight, module.bits, tile_rows)
-        mx.eval(module.weight)
+        module.weight, module.scales, module.biases = kernels.quantized_tile(
+            module.weight, scales, biases, group_size=module.group_size, bits=module.bits, tile_rows=tile_rows)
+        mx.eval(module.weight, module.scales, module.biases)
         tiled += 1
     return tiled
 
@@ -365,5 +358,5 @@ def install() -> str:
     nn.QuantizedEmbedding.__call__ = _quantized_embedding(kernels, nn.QuantizedEmbedding.__call__)
     # the version names the numerics: prefix-cache fingerprints include it (and the
     # quantized inner loop, whose lanes the scalar fallback reproduces, for the record)
-    _installed = f"mlxd-cpu-6 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
+    _installed = f"mlxd-cpu-7 ({kernels.threads()} threads, quantized {kernels.quantized_isa()})"
     return _installed

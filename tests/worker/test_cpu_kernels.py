@@ -188,7 +188,7 @@ assert mx.logsumexp(logits.astype(mx.float16), axis=-1).dtype == mx.float16
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("mlxd-cpu-6 ("), result.stdout
+    assert result.stdout.startswith("mlxd-cpu-7 ("), result.stdout
 
 
 def test_cache_fingerprint_names_the_kernels(tmp_path) -> None:
@@ -196,12 +196,12 @@ def test_cache_fingerprint_names_the_kernels(tmp_path) -> None:
 
     (tmp_path / "config.json").write_text("{}")
     stock = model_fingerprint(tmp_path, "float32", "mlx")
-    ours = model_fingerprint(tmp_path, "float32", "mlxd-cpu-6 (2 threads, quantized avx2)")
+    ours = model_fingerprint(tmp_path, "float32", "mlxd-cpu-7 (2 threads, quantized avx2)")
     assert stock != ours
-    assert ours == model_fingerprint(tmp_path, "float32", "mlxd-cpu-6 (8 threads, quantized avx2)")
+    assert ours == model_fingerprint(tmp_path, "float32", "mlxd-cpu-7 (8 threads, quantized avx2)")
     assert ours != model_fingerprint(tmp_path, "float32", "mlxd-cpu-1 (2 threads)")
     # a model served with its 4-bit layers kept never reads the blocks of its fp32 twin
-    kept = model_fingerprint(tmp_path, "float32", "mlxd-cpu-6 (2 threads)", "4-bit g32: 210 layers")
+    kept = model_fingerprint(tmp_path, "float32", "mlxd-cpu-7 (2 threads)", "4-bit g32: 210 layers")
     assert kept != ours
 
 

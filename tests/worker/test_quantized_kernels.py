@@ -102,34 +102,45 @@ def test_gather_equals_dequantized_rows(bits: int, group_size: int, dtype: mx.Dt
 
 
 @pytest.mark.parametrize("bits,group_size,dtype,k", CASES)
-@pytest.mark.parametrize("tile_rows", [2, 4])
-def test_a_tiled_weight_gives_the_same_bits(bits: int, group_size: int, dtype: mx.Dtype, k: int,
-                                            tile_rows: int) -> None:
-    """Tiling only moves bytes (rows' blocks interleaved so the inner loop streams them):
-    every output, for every batch shape and for the gather, is bit for bit the plain
-    layout's."""
-    from worker.cpu_kernels import tile_weight
-
-    w, scales, biases = _weights(72, k, bits, group_size, dtype)
-    tiled = tile_weight(w, bits, tile_rows)
-    assert tiled.shape == (72 // tile_rows, w.shape[1] * tile_rows)
-    assert not mx.array_equal(tiled.reshape(w.shape), w).item()  # the bytes did move
+@pytest.mark.parametrize("tile_rows", [8, 16])
+def test_panels_give_the_same_bits(bits: int, group_size: int, dtype: mx.Dtype, k: int, tile_rows: int) -> None:
+    """Panels only move bytes (each block of 8 or 16 rows stored as the vector loop cuts
+    it): every output, for every batch shape, and the gather are bit for bit what MLX's
+    layout gives (which the scalar loop reads)."""
+    w, scales, biases = _weights(80, k, bits, group_size, dtype)
+    panels = kernels.quantized_tile(w, scales, biases, group_size=group_size, bits=bits, tile_rows=tile_rows)
+    assert panels[0].shape == (80 // tile_rows, w.shape[1] * tile_rows)
+    assert panels[1].shape == scales.shape and panels[1].dtype == scales.dtype
+    assert not mx.array_equal(panels[0].reshape(w.shape), w).item()  # the bytes did move
     for tokens in (1, 5, 70):
         x = mx.random.normal((tokens, k), key=mx.random.key(tokens))
         plain = kernels.quantized_matmul(x, w, scales, biases, group_size=group_size, bits=bits)
-        assert mx.array_equal(kernels.quantized_matmul(x, tiled, scales, biases, group_size=group_size, bits=bits),
-                              plain).item()
-    ids = mx.array([[0, 71, 5], [2, 3, 70]])
-    assert mx.array_equal(kernels.quantized_gather(tiled, scales, biases, ids, group_size=group_size, bits=bits),
+        assert mx.array_equal(kernels.quantized_matmul(x, *panels, group_size=group_size, bits=bits), plain).item()
+    ids = mx.array([[0, 79, 5], [2, 3, 70]])
+    assert mx.array_equal(kernels.quantized_gather(*panels, ids, group_size=group_size, bits=bits),
                           kernels.quantized_gather(w, scales, biases, ids, group_size=group_size, bits=bits)).item()
 
 
-def test_mlx_refuses_a_tiled_weight_rather_than_misread_it() -> None:
-    from worker.cpu_kernels import _stock_quantized_matmul, tile_weight
+def test_a_changed_panel_byte_changes_its_row_only() -> None:
+    """The panel comparison can fail: one flipped bit in a panel moves one output column."""
+    w, scales, biases = _weights(32, 576, 5, 32, mx.float16)
+    panels = list(kernels.quantized_tile(w, scales, biases, group_size=32, bits=5, tile_rows=16))
+    x = mx.random.normal((1, 576), key=mx.random.key(2))
+    before = kernels.quantized_matmul(x, *panels, group_size=32, bits=5)
+    flipped = np.array(panels[0])
+    flipped[1, 0] ^= 0x1  # panel 1 (rows 16-31), first word: bit 0 of row 16's value 0
+    panels[0] = mx.array(flipped)
+    after = kernels.quantized_matmul(x, *panels, group_size=32, bits=5)
+    assert np.nonzero(np.array(before != after)[0])[0].tolist() == [16]
 
-    w, scales, biases = _weights(8, 64, 4, 32, mx.float16)
+
+def test_mlx_refuses_panels_rather_than_misread_them() -> None:
+    from worker.cpu_kernels import _stock_quantized_matmul
+
+    w, scales, biases = _weights(16, 64, 4, 32, mx.float16)
+    panels = kernels.quantized_tile(w, scales, biases, group_size=32, bits=4, tile_rows=16)
     with pytest.raises(ValueError):
-        mx.eval(_stock_quantized_matmul(mx.zeros((1, 64)), tile_weight(w, 4, 4), scales=scales, biases=biases,
+        mx.eval(_stock_quantized_matmul(mx.zeros((1, 64)), *panels[:1], scales=panels[1], biases=panels[2],
                                         transpose=True, group_size=32, bits=4))
 
 
@@ -149,17 +160,16 @@ import sys
 import numpy as np
 import mlx.core as mx
 from worker import _cpu_kernels as kernels
-from worker.cpu_kernels import tile_weight
 out = []
 for bits, group_size, k in ((4, 32, 96), (4, 64, 640), (5, 32, 896), (5, 128, 640), (8, 32, 576), (8, 128, 1024)):
     w, s, b = mx.quantize(mx.random.normal((33, k), key=mx.random.key(1)), group_size=group_size, bits=bits)
     x = mx.random.normal((7, 1, k), key=mx.random.key(2))
     out.append(np.array(kernels.quantized_matmul(x, w, s.astype(mx.float16), b.astype(mx.float16),
                                                  group_size=group_size, bits=bits)))
-    if bits != 4 or group_size != 64:  # and tiled, as the loaded model's weights are (33 rows: 32 tile)
-        tiled = tile_weight(w[:32], bits, 4)
-        out.append(np.array(kernels.quantized_matmul(x, tiled, s[:32].astype(mx.float16), b[:32].astype(mx.float16),
-                                                     group_size=group_size, bits=bits)))
+    for tile_rows in (8, 16):  # and in panels, as a loaded model's weights are (33 rows: the first 32)
+        panels = kernels.quantized_tile(w[:32], s[:32].astype(mx.float16), b[:32].astype(mx.float16),
+                                        group_size=group_size, bits=bits, tile_rows=tile_rows)
+        out.append(np.array(kernels.quantized_matmul(x, *panels, group_size=group_size, bits=bits)))
 np.save(sys.argv[1], np.concatenate([o.reshape(-1) for o in out]))
 print(kernels.quantized_isa())
 """

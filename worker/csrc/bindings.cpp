@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
 
 #include "attention.h"
@@ -60,6 +61,8 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("stream") = nb::none());
   m.def("quantized_isa", &mlxd::quantized_isa);
   m.def("quantized_tile_rows", &mlxd::quantized_tile_rows);
+  m.def("quantized_tile", &mlxd::quantized_tile, nb::arg("w"), nb::arg("scales"), nb::arg("biases"), nb::kw_only(),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("tile_rows"));
   m.def("rms_norm", &mlxd::rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"), nb::kw_only(),
         nb::arg("stream") = nb::none());
   m.def(

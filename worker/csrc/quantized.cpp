@@ -23,88 +23,19 @@ using namespace mlx::core;
 
 namespace {
 
-constexpr int kBlock = 32;           // values per inner block: the smallest group size
-
-// ---- scalar versions: the reference, and what runs without AVX2/FMA/F16C ----------
-
-// out[0, k1-k0) = scale * q + bias of the row's values k0..k1 (multiples of 32).
-void dequant_scalar(const Layout& L, const Row& r, int64_t k0, int64_t k1, float* out) {
-  for (int64_t k = k0; k < k1; k += kBlock) {
-    int64_t g = k >> L.group_shift;
-    float s = L.scale_at(r.scales, g), b = L.scale_at(r.biases, g);
-    const uint8_t* block = r.block(k / kBlock);
-    for (int j = 0; j < kBlock; ++j) {
-      out[k - k0 + j] = std::fma(static_cast<float>(value_at(block, j, L.bits)), s, b);
-    }
+// Row n of the matrix, values k0..k1 (multiples of 32) dequantized: scale * q + bias.
+// Gathers (an embedding lookup: a row per token) are not a hot path, so one scalar loop
+// reads both layouts.
+void dequant_row(const Layout& L, const uint8_t* w, const void* s, const void* b, int64_t n, int64_t k0, int64_t k1,
+                 float* out) {
+  for (int64_t k = k0; k < k1; ++k) {
+    int64_t index = L.group_index(n, k >> L.group_shift);
+    out[k - k0] = std::fma(static_cast<float>(L.value(w, n, k)), L.scale_at(s, index), L.scale_at(b, index));
   }
 }
 
-// ---- AVX2 versions: the same arithmetic (fma per value, the same lanes), vectorised --
-
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma,f16c"))) inline float scale_avx(const Layout& L, const void* p, int64_t g) {
-  return L.half_scales ? _cvtsh_ss(static_cast<const uint16_t*>(p)[g]) : static_cast<const float*>(p)[g];
-}
-
-__attribute__((target("avx2,fma,f16c"))) void dequant_avx2(const Layout& L, const Row& r, int64_t k0, int64_t k1,
-                                                           float* out) {
-  const __m128i low = _mm_set1_epi8(0x0F);
-  for (int64_t k = k0; k < k1; k += kBlock) {
-    int64_t g = k >> L.group_shift;
-    __m256 s = _mm256_set1_ps(scale_avx(L, r.scales, g));
-    __m256 b = _mm256_set1_ps(scale_avx(L, r.biases, g));
-    __m128i v0, v1, v2, v3;  // 8 values each, one byte per value
-    const uint8_t* block = r.block(k / kBlock);
-    if (L.bits == 4) {
-      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
-      __m128i lo = _mm_and_si128(v, low);
-      __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-      __m128i first = _mm_unpacklo_epi8(lo, hi);  // values 0..15 in order
-      __m128i second = _mm_unpackhi_epi8(lo, hi);
-      v0 = first;
-      v1 = _mm_srli_si128(first, 8);
-      v2 = second;
-      v3 = _mm_srli_si128(second, 8);
-    } else {
-      // 5-bit values are spread to a byte each first (gathers are not a hot path)
-      alignas(16) uint8_t spread[kBlock];
-      const uint8_t* p = block;
-      if (L.bits == 5) {
-        for (int j = 0; j < kBlock; ++j) spread[j] = static_cast<uint8_t>(value5(block, j));
-        p = spread;
-      }
-      v0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-      v1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8));
-      v2 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 16));
-      v3 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 24));
-    }
-    float* o = out + (k - k0);
-    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v0)), s, b));
-    _mm256_storeu_ps(o + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v1)), s, b));
-    _mm256_storeu_ps(o + 16, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v2)), s, b));
-    _mm256_storeu_ps(o + 24, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v3)), s, b));
-  }
-}
-
-#endif
-
-struct Isa {
-  void (*dequant)(const Layout&, const Row&, int64_t, int64_t, float*);
-  const char* name;
-};
-
-const Isa& isa() {
-  static const Isa chosen = [] {
-#if defined(__x86_64__)
-    if (std::string(gemv_isa()) != "scalar") return Isa{dequant_avx2, gemv_isa()};
-#endif
-    return Isa{dequant_scalar, "scalar"};
-  }();
-  return chosen;
-}
-
-// Rows per tile of a weight: 1 for a plain (N, words) matrix, T for one tiled as
-// (N / T, T * words) (tile_weight).
+// Rows per panel of a weight: 1 for MLX's (N, words) matrix, R for panels, which
+// quantized_tile stores as (N / R, R * words) so that MLX's own ops refuse them.
 int tile_rows_of(const array& w, const array& scales) {
   return w.shape(0) > 0 ? static_cast<int>(scales.shape(0) / w.shape(0)) : 1;
 }
@@ -113,8 +44,7 @@ Layout make_layout(const array& w, const array& scales, int group_size, int bits
   Layout L{};
   L.tile_rows = tile_rows_of(w, scales);
   L.N = scales.shape(0);
-  L.row_bytes = w.shape(1) * 4 / L.tile_rows;
-  L.K = L.row_bytes * 8 / bits;
+  L.K = scales.shape(1) * group_size;
   L.row_groups = scales.shape(1);
   L.group_shift = __builtin_ctz(static_cast<unsigned>(group_size));
   L.bits = bits;
@@ -133,8 +63,8 @@ void check_weights(const char* op, const array& w, const array& scales, const ar
     throw std::invalid_argument(std::string(op) + ": scales and biases must be (N, K / group_size)");
   }
   int64_t tile = w.shape(0) > 0 ? scales.shape(0) / w.shape(0) : 0;
-  if ((tile != 1 && tile != 2 && tile != 4) || w.shape(0) * tile != scales.shape(0) || w.shape(1) % tile != 0) {
-    throw std::invalid_argument(std::string(op) + ": w must be (N, K * bits / 32), or tiled (N / T, T * K * bits / 32)");
+  if ((tile != 1 && tile != 8 && tile != 16) || w.shape(0) * tile != scales.shape(0) || w.shape(1) % tile != 0) {
+    throw std::invalid_argument(std::string(op) + ": w must be (N, K * bits / 32), or panels (N / R, R * K * bits / 32)");
   }
   int64_t K = w.shape(1) / tile * 32 / bits;
   if (scales.shape(1) * group_size != K) {
@@ -196,7 +126,6 @@ class QuantizedGather : public Primitive {
     encoder.dispatch([L, wp = w.data<uint8_t>(), sp = scales.data<void>(), bp = biases.data<void>(),
                       ip = indices.data<int32_t>(), count = static_cast<int64_t>(indices.size()),
                       op = out.data<float>()]() {
-      const Isa& f = isa();
       parallel_for(count, static_cast<double>(count) * L.K * 4, [&](int64_t i) {
         int64_t n = ip[i];
         float* dest = op + i * L.K;
@@ -204,7 +133,7 @@ class QuantizedGather : public Primitive {
           std::fill(dest, dest + L.K, 0.0f);  // out of range: zeros, never a read past the matrix
           return;
         }
-        f.dequant(L, L.row(wp, sp, bp, n), 0, L.K, dest);
+        dequant_row(L, wp, sp, bp, n, 0, L.K, dest);
       });
     });
   }
@@ -263,7 +192,30 @@ array quantized_gather(const array& w, const array& scales, const array& biases,
 }
 
 std::string quantized_isa() {
-  return isa().name;
+  return gemv_isa();
+}
+
+std::tuple<array, array, array> quantized_tile(const array& w, const array& scales, const array& biases,
+                                               int group_size, int bits, int tile_rows) {
+  check_weights("quantized_tile", w, scales, biases, group_size, bits);
+  if (tile_rows_of(w, scales) != 1) throw std::invalid_argument("quantized_tile: w is already in panels");
+  if ((tile_rows != 8 && tile_rows != 16) || scales.shape(0) % tile_rows != 0) {
+    throw std::invalid_argument("quantized_tile: tile_rows must be 8 or 16 and divide the rows");
+  }
+  array wc = contiguous(w), sc = contiguous(scales), bc = contiguous(biases);
+  eval({wc, sc, bc});
+  Layout L = make_layout(wc, sc, group_size, bits);
+  std::vector<uint8_t> panel_w(wc.nbytes());
+  std::vector<uint8_t> panel_s(sc.nbytes()), panel_b(bc.nbytes());
+  repack_panels(L, wc.data<uint8_t>(), sc.data<void>(), bc.data<void>(), tile_rows, panel_w.data(), panel_s.data(),
+                panel_b.data());
+  Shape shape{static_cast<int>(w.shape(0) / tile_rows), static_cast<int>(w.shape(1) * tile_rows)};
+  array out_w(reinterpret_cast<const uint32_t*>(panel_w.data()), shape, uint32);
+  auto same = [](const std::vector<uint8_t>& bytes, const array& like) {
+    if (like.dtype() == float16) return array(reinterpret_cast<const float16_t*>(bytes.data()), like.shape(), float16);
+    return array(reinterpret_cast<const float*>(bytes.data()), like.shape(), float32);
+  };
+  return {out_w, same(panel_s, sc), same(panel_b, bc)};
 }
 
 int quantized_tile_rows() {

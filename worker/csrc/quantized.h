@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "mlx/mlx.h"
 
@@ -11,9 +12,10 @@ namespace mlxd {
 // x (..., K) float32 times the transpose of the (N, K) weight that `w` (uint32, N rows of
 // K*bits/32 words), `scales` and `biases` (N, K/group_size; float32 or float16) encode:
 // w[n, k] = scales[n, k/g] * q[n, k] + biases[n, k/g]. Returns (..., N) float32.
-// `w` may also be tiled, (N / T, T * K*bits/32) with T = 2 or 4: each T rows' 32-value
-// blocks interleaved (quantized_layout.h), which the kernel streams in one sequence;
-// MLX's own quantized ops refuse that shape rather than misread it.
+// `w` may also be in panels, (N / R, R * K*bits/32) with R = 16 or 8 (quantized_tile,
+// quantized_layout.h), which the vector loops stream in one sequence; MLX's own
+// quantized ops refuse that shape rather than misread it. MLX's plain layout runs the
+// scalar loop (the same bits, slowly).
 //
 // The weights stay packed and stream once from memory while every row of x is multiplied
 // (quantized_gemv.h), each output computed in one fixed order that depends on its own row
@@ -46,7 +48,17 @@ mlx::core::array quantized_gather(
 // the module loaded.
 std::string quantized_isa();
 
-// Rows per tile that loop reads together (4, 2; 1: tiling does not pay).
+// The panel height this CPU's loop reads (16, 8; 1: the scalar loop, no panels).
 int quantized_tile_rows();
+
+// (w, scales, biases) of MLX's layout as panels of `tile_rows` rows (quantized_layout.h):
+// w as (N / R, R * K * bits / 32), scales and biases regrouped in their (N, groups) shape.
+std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> quantized_tile(
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const mlx::core::array& biases,
+    int group_size,
+    int bits,
+    int tile_rows);
 
 }  // namespace mlxd
