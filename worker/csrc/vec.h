@@ -28,6 +28,23 @@ inline float hsum(v8f v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
+#if defined(__clang__)
+#define MLXD_SHUFFLE8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define MLXD_SHUFFLE8(a, b, ...) __builtin_shuffle(a, b, v8i{__VA_ARGS__})
+#endif
+
+// [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7]: x86's hadd.
+inline v8f pair_sums(v8f a, v8f b) {
+  return MLXD_SHUFFLE8(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + MLXD_SHUFFLE8(a, b, 1, 3, 9, 11, 5, 7, 13, 15);
+}
+
+// hsum of four vectors at once, each in hsum's own tree (so the same bits), into out[0..3].
+inline void hsum4(v8f a, v8f b, v8f c, v8f d, float* out) {
+  v8f quads = pair_sums(pair_sums(a, b), pair_sums(c, d));  // (0+1)+(2+3) of each, then (4+5)+(6+7)
+  for (int i = 0; i < 4; ++i) out[i] = quads[i] + quads[i + 4];
+}
+
 inline float hmax(v8f v) {
   float m = v[0];
   for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
