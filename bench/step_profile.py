@@ -35,6 +35,7 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
+from worker.fused_projections import ProjectionPart  # noqa: E402
 from worker.model_loader import load_for_serving  # noqa: E402
 
 
@@ -74,6 +75,8 @@ def _timed(name: str, call: Callable[..., Any], timings: list[Timings]) -> Calla
 
 def _layer_name(path: str, module: nn.Module) -> str:
     leaf = path.rsplit(".", 1)[-1]
+    if isinstance(module, ProjectionPart):  # the first of a fused group does the group's matmul
+        return f"matmul {leaf} (quantized, fused with its siblings)"
     kind = "quantized" if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)) else "fp32"
     if isinstance(module, (nn.Linear, nn.QuantizedLinear)):
         return f"matmul {leaf} ({kind})"
@@ -87,7 +90,8 @@ def instrumented(model: nn.Module) -> Iterator[list[Timings]]:
     """Wrap every leaf module instance and the attention/activation functions; yield the
     stack whose top Timings collects (empty stack: wrappers pass through)."""
     timings: list[Timings] = []
-    leaves = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding, nn.RMSNorm, nn.RoPE, nn.LayerNorm)
+    leaves = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding, nn.RMSNorm, nn.RoPE, nn.LayerNorm,
+              ProjectionPart)
     patched: list[tuple[nn.Module, Any]] = []
     for path, module in model.named_modules():
         if isinstance(module, leaves) and path:

@@ -97,7 +97,7 @@ class IndexTable:
             raise IndexDamaged("shorter than its header")
         with open(path, "rb") as file:
             head = file.read(HEADER_BYTES)
-        magic, version, slot_bytes, capacity, _count, _gen, _clean, crc = HEADER.unpack_from(head, 0)
+        magic, version, slot_bytes, capacity, count, _gen, _clean, crc = HEADER.unpack_from(head, 0)
         if magic != INDEX_MAGIC or version != INDEX_VERSION or slot_bytes != SLOT_BYTES:
             raise IndexDamaged("bad magic, version or slot size")
         if zlib.crc32(head[: HEADER.size - 4]) != crc:
@@ -105,7 +105,13 @@ class IndexTable:
         if size != HEADER_BYTES + capacity * SLOT_BYTES:
             raise IndexDamaged(f"{size} bytes for {capacity} slots")
         table = cls(path)
-        return table, table._load_slots()
+        num_bad = table._load_slots()
+        if len(table) + num_bad < count:
+            # slots whose state byte was overwritten look empty: their entries vanished
+            # without a CRC to catch it, but their blocks are still in the segments
+            table.close(clean=False)
+            raise IndexDamaged(f"{count} entries in its header, {len(table) + num_bad} in its slots")
+        return table, num_bad
 
     def _load_slots(self) -> int:
         num_bad = 0

@@ -125,16 +125,23 @@ def tile_quantized_weights(model: nn.Module) -> int:
     if tile_rows <= 1:
         return 0
     tiled = 0
-    for _, module in model.named_modules():
+    for name, module in model.named_modules():
         if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             continue
         scales, biases = module.get("scales"), module.get("biases")
         if (biases is None or not serves_quantized(module.bits, module.group_size, getattr(module, "mode", "affine"))
                 or scales.dtype not in QUANTIZED_SCALE_DTYPES or biases.dtype != scales.dtype
-                or module.weight.shape[0] != scales.shape[0] or module.weight.shape[0] % tile_rows):
+                or module.weight.shape[0] != scales.shape[0]):
+            continue
+        rows = module.weight.shape[0]
+        # a height that divides the rows: the AVX2 loop's 8 serves where 16 does not
+        height = next((h for h in (tile_rows, 8) if h <= tile_rows and rows % h == 0), None)
+        if height is None:
+            log.warning("%s: %d rows, not a multiple of 8: left in MLX's layout, which the kernels' scalar loop "
+                        "reads (correct, but slow)", name, rows)
             continue
         module.weight, module.scales, module.biases = kernels.quantized_tile(
-            module.weight, scales, biases, group_size=module.group_size, bits=module.bits, tile_rows=tile_rows)
+            module.weight, scales, biases, group_size=module.group_size, bits=module.bits, tile_rows=height)
         mx.eval(module.weight, module.scales, module.biases)
         tiled += 1
     return tiled

@@ -23,6 +23,7 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from worker.cpu_kernels import install as install_cpu_kernels
 from worker.cpu_kernels import serves_quantized, tile_quantized_weights
+from worker.fused_projections import fuse_sibling_projections
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +156,13 @@ def choose_dtype(requested: str) -> str:
     return "float32" if mx.default_device().type == mx.DeviceType.cpu else "native"
 
 
-def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
+def load_for_serving(path: str | Path, dtype: str = "auto", fuse_projections: bool = True) -> LoadedModel:
     """Load weights + tokenizer, convert to the serving dtype, and materialize them.
 
     dtype "auto" on a CPU keeps the layers mlxd's quantized kernels serve (when they
     passed their self-test) and computes in float32; "float32" dequantizes everything.
+    The kernels' weights go into panels and sibling projections are fused (the same
+    bits; `fuse_projections=False` keeps them apart, for tests that compare the two).
     """
     start = time.perf_counter()
     model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
@@ -174,8 +177,10 @@ def load_for_serving(path: str | Path, dtype: str = "auto") -> LoadedModel:
             log.info("dequantized %d layers to %s for this device", num, effective)
     quantization = describe_quantization(model)
     if quantization != "none":
-        log.info("quantized layers served as they are: %s (%d weights tiled for the kernels)", quantization,
-                 tile_quantized_weights(model))
+        tiled = tile_quantized_weights(model)
+        fused = fuse_sibling_projections(model) if tiled and fuse_projections else 0
+        log.info("quantized layers served as they are: %s (%d weights in panels for the kernels; %d q/k/v and "
+                 "gate/up groups fused)", quantization, tiled, fused)
     mx.eval(model.parameters())
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     context = int(

@@ -61,6 +61,21 @@ def test_a_damaged_slot_is_dropped_on_load(tmp_path: Path) -> None:
     assert set(_contents(table)) == {(1, key(0)), (1, key(2))}
 
 
+def test_a_slot_that_looks_empty_makes_the_index_damaged(tmp_path: Path) -> None:
+    """Zeros over a live slot's state byte leave no CRC to fail (an empty slot is all
+    zeros): the header's count gives it away, and the index is rebuilt from the segments
+    instead of losing that block without a word (the file fuzzer found this)."""
+    path = tmp_path / "index.bin"
+    table = IndexTable.create(path)
+    slots = [table.insert(_record(i)) for i in range(3)]
+    table.close(clean=True)
+    with open(path, "r+b") as file:
+        file.seek(HEADER_BYTES + slots[1] * SLOT_BYTES + 16)  # from the state byte on
+        file.write(bytes(8))
+    with pytest.raises(IndexDamaged, match="3 entries in its header, 2 in its slots"):
+        IndexTable.load(path)
+
+
 @pytest.mark.parametrize(
     "damage",
     ["empty", "garbage", "short", "header-crc", "wrong-size"],

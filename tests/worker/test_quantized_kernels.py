@@ -223,3 +223,31 @@ assert odd(x).shape == (1, 1, 48)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert any(f"quantized {isa})" in result.stdout for isa in ("avx512-vnni", "avx-vnni", "avx2", "scalar")), result.stdout
+
+
+def test_loaded_layers_go_into_panels_of_a_height_that_divides_them() -> None:
+    """16-row panels where the rows allow (AVX-512), 8-row ones where only 8 divides them,
+    MLX's layout otherwise; the outputs are the same bits in all three."""
+    code = """
+import mlx.core as mx
+import mlx.nn as nn
+from worker import _cpu_kernels as kernels
+from worker.cpu_kernels import install, tile_quantized_weights
+
+install()  # the kernels compute `want` too (MLX's own op rounds otherwise)
+model = nn.Sequential(nn.QuantizedLinear(256, 48, group_size=32, bits=5), nn.QuantizedLinear(256, 24, group_size=32, bits=4),
+                      nn.QuantizedLinear(256, 20, group_size=32, bits=8))
+x = mx.random.normal((3, 256))
+want = [layer(x) for layer in model.layers]
+shapes = [layer.weight.shape for layer in model.layers]
+assert tile_quantized_weights(model) == 2
+height = kernels.quantized_tile_rows()
+assert model.layers[0].weight.shape == (48 // height, shapes[0][1] * height)
+assert model.layers[1].weight.shape == (3, shapes[1][1] * 8)
+assert model.layers[2].weight.shape == shapes[2]  # 20 rows: left as MLX stores them
+assert all(mx.array_equal(layer(x), w).item() for layer, w in zip(model.layers, want))
+"""
+    if kernels.quantized_tile_rows() == 1:
+        pytest.skip("this CPU runs the scalar loop only: nothing goes into panels")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
