@@ -42,18 +42,25 @@ class FusedProjections:
             dtype = biased[0].bias.dtype
             self.bias = mx.concatenate([p.bias if "bias" in p else mx.zeros((n,), dtype=dtype)
                                         for p, n in zip(parts, sizes, strict=True)])
+        # the last input, its parts' outputs, and which parts have not taken theirs: held
+        # only until every sibling has (a prefill chunk's MLP outputs are tens of MB a layer)
         self._last: tuple[mx.array, list[mx.array]] | None = None
+        self._waiting: set[int] = set()
 
-    def outputs(self, x: mx.array) -> list[mx.array]:
-        if self._last is not None and self._last[0] is x:
-            return self._last[1]
-        y = mx.quantized_matmul(x, self.weight, scales=self.scales, biases=self.biases, transpose=True,
-                                group_size=self.group_size, bits=self.bits, mode=self.mode)
-        if self.bias is not None:
-            y = y + self.bias
-        parts = mx.split(y, self.offsets, axis=-1)
-        self._last = (x, parts)
-        return parts
+    def output(self, x: mx.array, index: int) -> mx.array:
+        if self._last is not None and self._last[0] is x and index in self._waiting:
+            parts = self._last[1]
+        else:
+            y = mx.quantized_matmul(x, self.weight, scales=self.scales, biases=self.biases, transpose=True,
+                                    group_size=self.group_size, bits=self.bits, mode=self.mode)
+            if self.bias is not None:
+                y = y + self.bias
+            parts = mx.split(y, self.offsets, axis=-1)
+            self._last, self._waiting = (x, parts), set(range(len(parts)))
+        self._waiting.discard(index)
+        if not self._waiting:
+            self._last = None
+        return parts[index]
 
 
 class ProjectionPart(nn.Module):
@@ -69,7 +76,7 @@ class ProjectionPart(nn.Module):
                 self.bias = fused.bias
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self._fused.outputs(x)[self._index]
+        return self._fused.output(x, self._index)
 
 
 def _fusable(parts: list[nn.Module]) -> bool:

@@ -53,6 +53,9 @@ assert isinstance(layer.self_attn.k_proj, ProjectionPart)
 assert sum(v.nbytes for _, v in tree_flatten(model.parameters())) == before_bytes  # owned once
 got = run()
 assert all(mx.array_equal(a, b).item() for a, b in zip(want, got)), "fused logits differ"
+# once every sibling took its slice, nothing holds the input or the outputs (a prefill
+# chunk's would be tens of MB a layer)
+assert all(p._fused._last is None for _, p in model.named_modules() if isinstance(p, ProjectionPart))
 # k_proj and up_proj alone (their siblings never saw x): their slices, the same bits
 assert mx.array_equal(layer.self_attn.k_proj(x), separate[0]).item()
 assert mx.array_equal(layer.mlp.up_proj(x), separate[1]).item()
