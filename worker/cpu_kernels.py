@@ -13,7 +13,7 @@ anything the kernels do not cover (half precision, quantized caches, attention s
 odd head sizes, the GPU) goes to mlx-lm's own function unchanged. `mx.logsumexp` is
 replaced process-wide (BatchGenerator calls it on mlx.core) for last-axis float32 input,
 and so is `mx.quantized_matmul` (nn.QuantizedLinear and a tied QuantizedEmbedding's
-`as_linear` call it there) for float32 input against 4/8-bit affine weights in groups of
+`as_linear` call it there) for float32 input against 4/5/8-bit affine weights in groups of
 32/64/128; `nn.QuantizedEmbedding` looks its rows up through the kernels' gather.
 """
 

@@ -1,7 +1,7 @@
 """Load an mlx-lm model directory for serving, in the dtype this device runs fastest.
 
 On a CPU-only MLX build, MLX's own quantized and half-precision matmuls run on scalar,
-single-threaded kernels. Layers whose quantization mlxd's CPU kernels serve (4/8-bit
+single-threaded kernels. Layers whose quantization mlxd's CPU kernels serve (4/5/8-bit
 affine, groups of 32/64/128) stay quantized: decode is memory-bound, so reading the
 file's 4.5-bit weights beats fp32 by the ratio of their bytes. Every other weight is
 dequantized to float32 once at load, and `dtype = "float32"` dequantizes everything.
