@@ -12,12 +12,8 @@ the fused product for that input: slower, never wrong.
 
 from __future__ import annotations
 
-import logging
-
 import mlx.core as mx
 import mlx.nn as nn
-
-log = logging.getLogger(__name__)
 
 # (container attribute names) whose members mlx-lm's models call on one shared input
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
