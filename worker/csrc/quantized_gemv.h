@@ -1,5 +1,5 @@
-// The decode path of the quantized matmul: a few rows of activations against weights
-// that stay packed, read once per call.
+// The quantized matmul's arithmetic, for decode and prefill alike: rows of activations
+// against weights that stay packed, read once per call (per 64-row chunk in prefill).
 #pragma once
 
 #include <cstdint>
