@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from protocol.block_keys import KEY_BYTES, BlockKey, root_key
+from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from protocol.cache_misses import (
     CACHE_SALT, DIVERGED, EVICTED, EVICTED_HOT_FOUND_COLD, FIRST_SEEN, MODEL_CHANGED, PARTIAL_BLOCK,
     CacheMisses, Divergence,
@@ -186,13 +186,15 @@ class SeenPrefixes:
 
     # ---------------------------------------------------------------- tracing
 
-    def trace(self, keys: Sequence[BlockKey], prompt_ids: Sequence[int], salt: str | None,
-              refresh: bool = True) -> SeenTrace:
-        """Walk the prompt's block `keys` through the record. With `refresh` every entry
+    def trace(self, prompt_ids: Sequence[int], salt: str | None, refresh: bool = True,
+              keys: Sequence[BlockKey] | None = None) -> SeenTrace:
+        """Walk the prompt's block `keys` (made here if not given) through the record. With `refresh` every entry
         the prompt reaches becomes the newest (a probe passes False: it changes nothing).
         Costs a dict lookup per block and one comparison of at most MAX_CHILDREN
         continuations with the tokens after the last known block."""
         block, total = self.block_tokens, len(prompt_ids)
+        if keys is None:
+            keys = chain_keys(self.fingerprint, prompt_ids, block, salt)
         usable = (total - 1) // block  # one token is always left to compute
         root = root_key(self.fingerprint, salt)
         with self._lock:

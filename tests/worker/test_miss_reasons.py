@@ -23,7 +23,7 @@ def computed(record: SeenPrefixes, tokens: list[int], salt: str | None = None) -
 
 def why(record: SeenPrefixes, tokens: list[int], cached: int, salt: str | None = None, cold: int = 0,
         refresh: bool = True) -> CacheMisses:
-    trace = record.trace(chain_keys(record.fingerprint, tokens, BLOCK, salt), tokens, salt, refresh)
+    trace = record.trace(tokens, salt, refresh)
     return explain(trace, len(tokens), cached, cold)
 
 
