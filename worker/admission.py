@@ -116,9 +116,13 @@ class Admitter:
 
     def divergence(self, request: AddRequest, prompt_ids: list[int], refresh: bool = False) -> Divergence | None:
         """Where this prompt leaves the way an earlier one went, with the message there
-        (renders and tokenizes: the tokenizer thread's work), or None if it does not."""
+        (renders and tokenizes: the tokenizer thread's work), or None if it does not.
+        Reads the first block's shadow from SSD first if the record lacks it."""
         if not self._prefix_cache.enabled:
             return None
+        cold = self._prefix_cache.cold
+        if cold is not None:  # a first block this worker never saw may be on SSD under another model or salt
+            self._prefix_cache.seen.recall_shadow(prompt_ids, request.cache_salt, cold.fetch_raw_run)
         trace = self._prefix_cache.seen.trace(prompt_ids, request.cache_salt, refresh=refresh)
         if trace.divergence is None:
             return None

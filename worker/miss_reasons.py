@@ -17,8 +17,9 @@ import hashlib
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from protocol.cache_misses import (
@@ -177,6 +178,34 @@ class SeenPrefixes:
             self._shadows[shadow_digest(first_block)] = identities[-MAX_IDENTITIES:]
             while len(self._shadows) > self.max_shadows:
                 self._shadows.popitem(last=False)
+
+    def shadow_record(self, first_block: Sequence[int], salt: str | None) -> tuple[BlockKey, bytes]:
+        """(key, bytes) to keep on SSD for a first block: the kvstore outlives this
+        worker, so a worker of the same model id with another fingerprint (re-converted,
+        another dtype or quantization) finds it there (`recall_shadow`)."""
+        identity = bytes([len(self.fingerprint)]) + self.fingerprint + _salt_digest(salt)
+        return BlockKey(shadow_digest(first_block)), identity
+
+    def recall_shadow(self, prompt_ids: Sequence[int], salt: str | None,
+                      fetch: Callable[[list[BlockKey]], list[Any]]) -> None:
+        """When the record knows nothing of the prompt's first block, read its shadow
+        from SSD with `fetch` (the cold tier's raw read: one small record), so a trace
+        can tell cache_salt or model_changed. Tokenizer thread only: it waits on the kvstore."""
+        if len(prompt_ids) < self.block_tokens:
+            return
+        first = prompt_ids[: self.block_tokens]
+        digest = shadow_digest(first)
+        with self._lock:
+            if digest in self._shadows:
+                return
+        found = fetch([BlockKey(digest)])
+        if not found:
+            return
+        data = bytes(found[0])
+        if not data or len(data) < 1 + data[0]:
+            return  # not a shadow: ignore it
+        fingerprint, salt_digest = data[1 : 1 + data[0]], data[1 + data[0] :]
+        self.note_shadow(first, fingerprint, salt_digest)
 
     def clear(self) -> None:
         with self._lock:

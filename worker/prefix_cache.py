@@ -361,6 +361,8 @@ class PrefixCache:
                 self.cold.store(key, payload)
         plan.captured_blocks = complete
         self.seen.note_blocks(plan.keys, tokens, start, complete, plan.salt)
+        if start == 0 and self.cold is not None:  # a new first block: its shadow on SSD, for miss reasons
+            self.cold.store(*self.seen.shadow_record(tokens[:block], plan.salt))
         return complete - start
 
     def capture_final(self, plan: PrefixPlan, caches: list[Any], tokens: list[int]) -> None:

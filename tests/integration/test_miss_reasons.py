@@ -154,3 +154,22 @@ def test_the_probe_says_why_before_the_request_is_sent(service: Service, tokeniz
     # what the probe said is what the request gets
     answer = chat(service, two, salt)
     assert answer["mlxd"]["cache"]["miss_reasons"] == found["miss_reasons"]
+
+
+def test_a_prompt_a_rebuilt_model_computed_before_is_model_changed(default_model_dir: Path, tmp_path: Path) -> None:
+    """Served as converted (quantized layers kept), then dequantized (`--dtype float32`):
+    another fingerprint under the same model id, so the kvstore's blocks of the first
+    cannot serve the second, and the first block's shadow on SSD says why."""
+    messages = [{"role": "system", "content": system_prompt("rebuilt")}, {"role": "user", "content": "Go."}]
+    served: list[str] = []
+    for extra in ([], ["--dtype", "float32"]):
+        svc = Service(["--model", str(default_model_dir), "--block-tokens", str(BLOCK), *extra], home=tmp_path)
+        try:
+            svc.wait_ready()
+            served.append(svc.health()["workers"][MODEL]["quantization"])
+            answer = chat(svc, messages, "one-tenant")
+        finally:
+            svc.stop()  # drains: the first block's blocks and shadow reach the kvstore
+        expected = "first_seen" if not extra else "model_changed"
+        assert reasons(answer) == {expected: answer["usage"]["prompt_tokens"]}, served
+    assert served[0] != served[1] == "none"

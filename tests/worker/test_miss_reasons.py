@@ -126,3 +126,31 @@ def test_a_probe_changes_nothing() -> None:
 ])
 def test_described_in_one_line(misses: CacheMisses, text: str) -> None:
     assert misses.describe() == text
+
+
+def test_a_shadow_kept_on_ssd_tells_a_new_fingerprint_or_salt_after_a_restart() -> None:
+    """The kvstore outlives a worker: the first block's shadow, stored beside the blocks,
+    tells the next worker (another fingerprint: the model re-converted) why it misses."""
+    ssd: dict[bytes, bytes] = {}
+
+    def fetch(keys: list[bytes]) -> list[memoryview]:
+        return [memoryview(ssd[k]) for k in keys[:1] if k in ssd]
+
+    before = SeenPrefixes(FP, BLOCK)
+    computed(before, A, salt="s")
+    key, data = before.shadow_record(A[:BLOCK], "s")
+    ssd[key] = data
+    after = SeenPrefixes(b"fingerprint-two", BLOCK)  # a new worker process, another model build
+    assert why(after, A, 0, salt="s").tokens == {"first_seen": 14}  # nothing asked of SSD yet
+    after.recall_shadow(A, "s", fetch)
+    assert why(after, A, 0, salt="s").tokens == {"model_changed": 14}
+    same = SeenPrefixes(FP, BLOCK)  # same model, restarted: another salt is told, its own is not a reason
+    same.recall_shadow(A, "t", fetch)
+    assert why(same, A, 0, salt="t").tokens == {"cache_salt": 14}
+    alone = SeenPrefixes(FP, BLOCK)
+    alone.recall_shadow(A, "s", fetch)
+    assert why(alone, A, 0, salt="s").tokens == {"first_seen": 14}
+    ssd[key] = b""  # not a shadow: ignored
+    ignored = SeenPrefixes(b"fingerprint-two", BLOCK)
+    ignored.recall_shadow(A, "s", fetch)
+    assert why(ignored, A, 0, salt="s").tokens == {"first_seen": 14}
