@@ -23,7 +23,7 @@ from typing import Any
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from protocol.cache_misses import (
-    CACHE_SALT, DIVERGED, EVICTED, EVICTED_HOT_FOUND_COLD, FIRST_SEEN, MODEL_CHANGED, PARTIAL_BLOCK,
+    CACHE_SALT, DIVERGED, EVICTED, FIRST_SEEN, MODEL_CHANGED, PARTIAL_BLOCK,
     CacheMisses, Divergence,
 )
 
@@ -241,15 +241,18 @@ class SeenPrefixes:
             matched = [(_common_prefix(e.tokens, rest), k, e) for k, e in candidates]
             best = max((n for n, _, _ in matched), default=0)
             trace.seen_tokens = start + best
+            # a first block known only under another salt or model says more than a
+            # template's first tokens shared with another conversation of this one
+            other = self._shadow_reason(prompt_ids, salt) if known == 0 else FIRST_SEEN
             if best == len(rest):
                 trace.reason = None
+            elif other != FIRST_SEEN:
+                trace.reason, trace.seen_tokens = other, 0
             elif any(n == best and len(e.tokens) > best for n, _, e in matched):
                 trace.reason = DIVERGED
                 trace.divergence = Divergence(start + best)
-            elif known == 0 and best == 0:
-                trace.reason = self._shadow_reason(prompt_ids, salt)
             else:
-                trace.reason = FIRST_SEEN  # earlier prompts stopped where this one goes on
+                trace.reason = FIRST_SEEN  # nobody went this way, or earlier prompts stopped where this one goes on
             if refresh:
                 for n, key, _ in matched:
                     if n == best and n:
@@ -309,5 +312,3 @@ def explain(trace: SeenTrace, prompt_tokens: int, cached_tokens: int, cold_token
         misses.divergence = divergence
     return misses
 
-
-__all__ = ["EVICTED_HOT_FOUND_COLD", "SeenPrefixes", "SeenTrace", "explain", "shadow_digest"]

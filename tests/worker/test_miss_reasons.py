@@ -154,3 +154,11 @@ def test_a_shadow_kept_on_ssd_tells_a_new_fingerprint_or_salt_after_a_restart() 
     ignored = SeenPrefixes(b"fingerprint-two", BLOCK)
     ignored.recall_shadow(A, "s", fetch)
     assert why(ignored, A, 0, salt="s").tokens == {"first_seen": 14}
+
+
+def test_another_salt_wins_over_a_template_start_shared_with_this_salt() -> None:
+    record = SeenPrefixes(FP, BLOCK)
+    computed(record, A, salt="a")
+    computed(record, A[:2] + [0] * 12, salt="b")  # another conversation of salt b: the same first 2 tokens
+    assert why(record, A, 0, salt="b").tokens == {"cache_salt": 14}
+    assert why(record, A[:2] + [9] * 12, 0, salt="b").divergence == Divergence(2)
