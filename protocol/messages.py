@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from protocol.cache_misses import CacheMisses, Divergence  # noqa: F401  (Divergence: nested in CacheMisses)
 from protocol.errors import RequestError
 from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: importers find them here too)
     KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
@@ -296,6 +297,7 @@ class CacheProbed(Message):
     pinned: list[bool] = field(default_factory=list)
     cold_tier: str = "off"  # ok | off | unavailable (the kvstore did not answer: SSD figures unknown, 0)
     prefix_cache: bool = True  # False: this worker caches nothing (every token is missing)
+    misses: CacheMisses | None = None  # why the missing tokens are missing (None: no prefix cache)
 
 
 @dataclass
@@ -390,6 +392,7 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (hot or SSD)
     cold_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
     cold_bytes: int = 0  # KV bytes those blocks carried (as stored by the worker)
+    misses: CacheMisses | None = None  # why the uncached prompt tokens were uncached (None: no prefix cache)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import ProtocolError, RequestError
 from protocol.messages import AddRequest, CacheProbed, ErrorEvent, Message, ProbeCache
 from router.api import openai_chat, openai_completions, openai_responses
+from router.api.openai_format import misses_body
 from router.api.anthropic_count_tokens import count_request
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
@@ -130,6 +131,7 @@ def probe_body(model_id: str, api: str, probed: CacheProbed) -> dict[str, Any]:
                    in enumerate(zip(probed.keys, probed.tiers, probed.on_ssd, probed.pinned))],
         "cold_tier": probed.cold_tier,
         "prefix_cache": probed.prefix_cache,
+        **misses_body(probed.misses),
     }
 
 

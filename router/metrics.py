@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
+from protocol.cache_misses import REASONS
 from protocol.messages import FinishEvent
 
 # no `_created` series beside every counter and histogram: scrapers do not need them, and
@@ -193,6 +194,11 @@ class Metrics:
                                      "prompt tokens of finished generations, by where their KV came from: the hot "
                                      "tier (RAM), the SSD cold tier, or computed by prefill",
                                      ["model", "source"], registry=r)
+        self.miss_tokens = Counter("mlxd_prefix_miss_tokens",
+                                   "prompt tokens of finished generations the prefix cache did not serve, by why: "
+                                   "first_seen, diverged, evicted (from both tiers), cache_salt, model_changed, "
+                                   "partial_block; evicted_hot_found_cold counts cached tokens restored from SSD "
+                                   "after the hot tier evicted them (not misses)", ["model", "reason"], registry=r)
         self.generated_tokens = Counter("mlxd_generated_tokens", "tokens generated (completion tokens)", ["model"],
                                         registry=r)
         self.ttft = Histogram("mlxd_time_to_first_token_seconds",
@@ -241,6 +247,10 @@ class Metrics:
         for source, count in by_source.items():
             self.prompt_tokens.labels(model, source).inc(count)
             self.totals.prompt_tokens[source] += count
+        if usage.misses is not None:
+            for reason, count in usage.misses.by_reason().items():
+                if reason in REASONS and count > 0:
+                    self.miss_tokens.labels(model, reason).inc(count)
         self.generated_tokens.labels(model).inc(usage.completion_tokens)
         self.generations.labels(model, event.finish_reason or "unknown").inc()
         self.totals.requests += 1

@@ -92,9 +92,10 @@ def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest,
     def finished(event: FinishEvent) -> None:
         pool.record_finish(model_id, event, time.monotonic() - received)
         u, t = event.usage, event.timings
-        logger.info("%s %s%s: %s after %d+%d tokens (%d cached), ttft %.2f s, %.1f tok/s",
+        why = f"; {u.misses.describe()}" if u.misses is not None else ""
+        logger.info("%s %s%s: %s after %d+%d tokens (%d cached%s), ttft %.2f s, %.1f tok/s",
                     parsed.model, parsed.add.request_id, by, event.finish_reason, u.prompt_tokens,
-                    u.completion_tokens, u.cached_tokens, t.ttft_s, t.decode_tokens_per_s,
+                    u.completion_tokens, u.cached_tokens, why, t.ttft_s, t.decode_tokens_per_s,
                     extra={"request_id": parsed.add.request_id})  # a field of its own in --log-format json
 
     return finished

@@ -100,4 +100,4 @@ class ActiveRequest:
     def usage(self, block_tokens: int) -> Usage:
         """Token counts for the finish; SSD tokens are whole blocks of `block_tokens`."""
         return Usage(len(self.prompt_ids), self.num_generated, self.cached_tokens,
-                     self.plan.cold_blocks * block_tokens, self.plan.cold_bytes)
+                     self.plan.cold_blocks * block_tokens, self.plan.cold_bytes, self.plan.misses)

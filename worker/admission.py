@@ -12,6 +12,7 @@ from typing import Any
 import llguidance
 from mlx_lm.sample_utils import LogitsProcessor, Sampler
 
+from protocol.cache_misses import CacheMisses, Divergence
 from protocol.errors import RequestError
 from protocol.messages import AddRequest
 from protocol.settings import WorkerSettings
@@ -19,6 +20,8 @@ from protocol.prompt_bounds import check_prompt_fits
 from worker.grammar import GrammarCompiler, GrammarProcessor
 from worker.grammar_batch import GrammarBatch
 from worker.logprobs import LogprobsReporter
+from worker.message_at_token import locate
+from worker.miss_reasons import explain
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
@@ -108,7 +111,35 @@ class Admitter:
         matcher = self._compile(request)
         if request.sampling.logprobs:
             self._vocabulary.llg  # noqa: B018  (built here, not on the engine loop)
-        return PreparedPrompt(prompt_ids, self._prefix_cache.read_ahead(prompt_ids, request.cache_salt), matcher)
+        read_ahead = self._prefix_cache.read_ahead(prompt_ids, request.cache_salt)
+        return PreparedPrompt(prompt_ids, read_ahead, matcher, self.divergence(request, prompt_ids))
+
+    def divergence(self, request: AddRequest, prompt_ids: list[int], refresh: bool = False) -> Divergence | None:
+        """Where this prompt leaves the way an earlier one went, with the message there
+        (renders and tokenizes: the tokenizer thread's work), or None if it does not.
+        Reads the first block's shadow from SSD first if the record lacks it."""
+        if not self._prefix_cache.enabled:
+            return None
+        cold = self._prefix_cache.cold
+        if cold is not None:  # a first block this worker never saw may be on SSD under another model or salt
+            self._prefix_cache.seen.recall_shadow(prompt_ids, request.cache_salt, cold.fetch_raw_run)
+        trace = self._prefix_cache.seen.trace(prompt_ids, request.cache_salt, refresh=refresh)
+        if trace.divergence is None:
+            return None
+        return locate(self._tokenizer, request, prompt_ids, trace.divergence.token)
+
+    def misses(self, request: AddRequest, prompt_ids: list[int], cached_tokens: int, cold_tokens: int,
+               located: Divergence | None, refresh: bool = True) -> CacheMisses | None:
+        """Why the prompt's uncached tokens are uncached, traced now (cheap: no rendering);
+        the message of a divergence is `located`'s, found ahead on the tokenizer thread,
+        if it is the same token."""
+        if not self._prefix_cache.enabled:
+            return None
+        trace = self._prefix_cache.seen.trace(prompt_ids, request.cache_salt, refresh=refresh)
+        misses = explain(trace, len(prompt_ids), cached_tokens, cold_tokens)
+        if misses.divergence is not None and located is not None and located.token == misses.divergence.token:
+            misses.divergence = located
+        return misses
 
     def _compile(self, request: AddRequest) -> llguidance.LLMatcher | None:
         return self._grammars.compile(request.constraint) if request.constraint is not None else None
@@ -140,10 +171,11 @@ class Admitter:
             log.info("request %s: restored %d blocks (%.1f MB) from SSD in %.0f ms (%.0f MB/s)",
                      request.request_id, plan.cold_blocks, plan.cold_bytes / 1e6, plan.cold_fetch_s * 1e3,
                      plan.cold_bytes / 1e6 / plan.cold_fetch_s if plan.cold_fetch_s else 0.0)
-        if self._prefix_cache.enabled:
-            log.info(
-                "request %s: prefix hit %d/%d tokens: %d hot + %d cold blocks + %d tail tokens, %d recomputed",
-                request.request_id, plan.cached_tokens, len(prompt_ids), plan.hot_blocks, plan.cold_blocks,
-                plan.tail_tokens, len(prompt_ids) - plan.cached_tokens,
-            )
+        plan.misses = self.misses(request, prompt_ids, plan.cached_tokens,
+                                  plan.cold_blocks * self._prefix_cache.block_tokens,
+                                  prepared.divergence if prepared is not None else None)
+        if plan.misses is not None:
+            log.info("request %s: prefix hit %d/%d tokens (%d hot + %d cold blocks + %d tail tokens); %s",
+                     request.request_id, plan.cached_tokens, len(prompt_ids), plan.hot_blocks, plan.cold_blocks,
+                     plan.tail_tokens, plan.misses.describe())
         return plan

@@ -223,8 +223,9 @@ class ColdTier:
 
     # ------------------------------------------------------------ writes
 
-    def store(self, key: BlockKey, payload: BlockPayload) -> None:
-        """Hand a block over for writing; never blocks the caller."""
+    def store(self, key: BlockKey, payload: BlockPayload | bytes) -> None:
+        """Hand a block over for writing (or bytes stored as they are: a first block's
+        shadow, `worker.miss_reasons`); never blocks the caller."""
         try:
             self._queue.put_nowait((key, payload))
             self.stats.queued_blocks += 1
@@ -248,7 +249,7 @@ class ColdTier:
                     continue
                 key, payload = item
                 try:
-                    data = encode_block(payload)
+                    data = payload if isinstance(payload, bytes) else encode_block(payload)
                 except ValueError as exc:
                     log.warning("block not stored on SSD: %s", exc)
                     continue

@@ -177,11 +177,14 @@ class Engine:
         tokenized as for a count, looked up without using anything; thread-safe (run on
         the worker's tokenizer thread)."""
         add = request.request
-        found = self.prefix_cache.probe(self._admitter.rendered_ids(add), add.cache_salt)
+        prompt_ids = self._admitter.rendered_ids(add)
+        found = self.prefix_cache.probe(prompt_ids, add.cache_salt)
+        misses = self._admitter.misses(add, prompt_ids, found.hot_tokens + found.ssd_tokens, found.ssd_tokens,
+                                       self._admitter.divergence(add, prompt_ids), refresh=False)
         return CacheProbed(request.request_id, found.prompt_tokens, self.prefix_cache.block_tokens,
                            found.hot_tokens, found.ssd_tokens, found.hot_blocks, found.ssd_blocks,
                            found.tail_tokens, list(found.keys), found.tiers, found.on_ssd, found.pinned,
-                           found.cold_tier, self.prefix_cache.enabled)
+                           found.cold_tier, self.prefix_cache.enabled, misses)
 
     def _start(self, request: AddRequest, admission: Admission, plan: PrefixPlan, arrived: float) -> None:
         """Put the request to work: a prefix hit may prefill its rest at once (`_start_hit`),

@@ -21,9 +21,11 @@ from typing import Any
 import mlx.nn as nn
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
+from protocol.cache_misses import CacheMisses
 from worker.cold_tier import ColdTier, ColdTierStats
 from worker.hot_tier import HotTier
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
+from worker.miss_reasons import SeenPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,7 @@ class PrefixPlan:
     cold_fetch_s: float = 0.0
     tail_tokens: int = 0
     captured_blocks: int = 0  # whole blocks known to be stored, from the start
+    misses: CacheMisses | None = None  # why the rest is not cached (`worker.miss_reasons`)
     caches: list[Any] | None = field(default=None, repr=False)
 
 
@@ -126,6 +129,7 @@ class PrefixCache:
         # the hot tier has evicted are dropped lazily
         self._tails: dict[BlockKey, list[tuple[tuple[int, ...], BlockKey]]] = {}
         self._snapshots: dict[str, list[BlockKey]] = {}  # name -> its distinct keys, pinned in the hot tier
+        self.seen = SeenPrefixes(fingerprint, block_tokens, whole_tails=self.snapshots)  # what was computed: miss reasons
 
     def segment_tokens(self, prefill_chunk_tokens: int) -> int:
         """Prefill segment length: whole blocks, so every segment ends on a boundary
@@ -356,6 +360,9 @@ class PrefixCache:
             if self.cold is not None:
                 self.cold.store(key, payload)
         plan.captured_blocks = complete
+        self.seen.note_blocks(plan.keys, tokens, start, complete, plan.salt)
+        if start == 0 and self.cold is not None:  # a new first block: its shadow on SSD, for miss reasons
+            self.cold.store(*self.seen.shadow_record(tokens[:block], plan.salt))
         return complete - start
 
     def capture_final(self, plan: PrefixPlan, caches: list[Any], tokens: list[int]) -> None:
@@ -369,6 +376,7 @@ class PrefixCache:
             return
         parent = self._parent(plan.keys, plan.captured_blocks, plan.salt)
         tail = tuple(tokens[start:])
+        self.seen.note_tail(plan.keys[: plan.captured_blocks], tail, plan.salt)
         key = tail_key(parent, tail)
         if key in self.hot:
             self.hot.longest_run([key])  # refresh

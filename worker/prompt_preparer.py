@@ -29,6 +29,7 @@ class PreparedPrompt:
     prompt_ids: list[int]
     read_ahead: Any = None  # the prefix cache's ColdRun, or None
     matcher: Any = None  # the request's compiled grammar (an llguidance matcher), or None
+    divergence: Any = None  # where it left an earlier prompt, message found (`worker.message_at_token`), or None
 
 
 Prepare = Callable[[AddRequest], PreparedPrompt]

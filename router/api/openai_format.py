@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from protocol.cache_misses import CacheMisses
 from protocol.messages import Timings, Usage
 from router.tool_calls.events import ToolCall
 
@@ -94,8 +95,22 @@ def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str,
     if usage is not None:
         extension["cache"] = {"cached_tokens": usage.cached_tokens, "cold_tokens": usage.cold_tokens,
                               "cold_bytes": usage.cold_bytes,
-                              "ssd_tokens": usage.cold_tokens, "ssd_bytes": usage.cold_bytes}
+                              "ssd_tokens": usage.cold_tokens, "ssd_bytes": usage.cold_bytes,
+                              "uncached_tokens": usage.prompt_tokens - usage.cached_tokens,
+                              **misses_body(usage.misses)}
     return extension
+
+
+def misses_body(misses: CacheMisses | None) -> dict[str, Any]:
+    """Why the uncached tokens were uncached (`protocol.cache_misses`): tokens per reason
+    (every reason, zeros too; null without a prefix cache) and where a prompt diverged."""
+    if misses is None:
+        return {"miss_reasons": None, "divergence": None}
+    divergence = misses.divergence
+    return {"miss_reasons": misses.by_reason(),
+            "divergence": None if divergence is None else {
+                "token": divergence.token, "message_index": divergence.message_index,
+                "role": divergence.role, "field": divergence.field}}
 
 
 def completion_body(kind: str, request_id: str, model: str, created: int, text: str | None,

@@ -63,9 +63,12 @@ def test_the_split_is_what_the_next_request_gets_hot_ssd_and_missed(service: Ser
     messages = [{"role": "system", "content": system_prompt("release")}, {"role": "user", "content": "Step 7?"}]
     body = {"model": MODEL, "messages": messages}
 
+    last: dict[str, Any] = {}  # the last answer's mlxd.cache
+
     def ask() -> tuple[int, int, int]:
         reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
         cache = reply.model_extra["mlxd"]["cache"]
+        last.update(cache)
         return reply.usage.prompt_tokens, reply.usage.prompt_tokens_details.cached_tokens, cache["cold_tokens"]
 
     missed = probe(service, body)
@@ -88,6 +91,9 @@ def test_the_split_is_what_the_next_request_gets_hot_ssd_and_missed(service: Ser
     assert ssd["hot_tokens"] == 0 and ssd["ssd_tokens"] == ssd["ssd_blocks"] * BLOCK > 4 * BLOCK
     assert all(b["tier"] == "ssd" and b["on_ssd"] for b in ssd["blocks"][: ssd["ssd_blocks"]])
     assert ask() == (ssd["prompt_tokens"], ssd["ssd_tokens"], ssd["ssd_tokens"])
+    # the restart emptied the hot tier: what SSD gave back is counted as such, in the probe and the answer
+    assert ssd["miss_reasons"]["evicted_hot_found_cold"] == ssd["ssd_tokens"]
+    assert last["miss_reasons"]["evicted_hot_found_cold"] == ssd["ssd_tokens"]
     assert probe(service, body)["hot_tokens"] == hot["hot_tokens"]  # restored: hot again
 
 

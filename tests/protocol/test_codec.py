@@ -7,6 +7,7 @@ import dataclasses
 import msgpack
 import pytest
 
+from protocol.cache_misses import CacheMisses, Divergence
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -97,6 +98,9 @@ EXAMPLES = [
     TokenEvent("r1", "Par", [123], 3.5),
     TokenEvent("r4", "\u00e9", [9], 3.6, TokenLogprobs([b"\xc3\xa9"], [-0.5], [[b"\xc3\xa9", b"\xc3"]], [[-0.5, -1.25]])),
     FinishEvent("r1", "stop", Usage(20, 3, 16), Timings(0.1, 0.2, 0.3, 0.4, 5.0, 100.0)),
+    FinishEvent("r6", "length", Usage(2593, 3, 2048, 512, 1 << 20, CacheMisses(
+        {"diverged": 520, "evicted": 25}, 512, Divergence(2071, 3, "user", "content")))),
+    FinishEvent("r7", "stop", Usage(20, 3, 0, misses=CacheMisses({"first_seen": 20}))),
     ErrorEvent("r1", "prompt too long", 400, "invalid_request_error", "messages", "context_length_exceeded"),
     ErrorEvent("r5", "prompt too long", 400, "invalid_request_error", "messages", "context_length_exceeded",
                9000, 8192),
@@ -109,6 +113,7 @@ EXAMPLES = [
     CacheProbed("probe-1", 700, 256, 300, 256, 1, 1, 44, [b"k" * 16, b"j" * 16], ["hot", "ssd"], [True, True],
                 [False, False], "ok"),
     CacheProbed("probe-2", 3, 256, prefix_cache=False),
+    CacheProbed("probe-3", 30, 16, misses=CacheMisses({"cache_salt": 30}, 0, Divergence(0))),
     PinPrefix("pin-1", "snap", [b"k" * 16], store=True),
     PinPrefix("pin-2", "snap", pin=False),
     PrefixPinned("pin-1", "snap", 1, 1 << 20, 1, 0, True),

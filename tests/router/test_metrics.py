@@ -132,3 +132,19 @@ def test_throughput_follows_streaming_tokens_and_never_goes_negative() -> None:
     history.record(totals_after_failure, 1, 0, now=5.0, streaming_tokens=5)
     history.record(totals_after_failure, 0, 0, now=6.0, streaming_tokens=0)  # that request failed
     assert history.points()[-1]["generated_tok_s"] == 0.0
+
+
+def test_uncached_tokens_are_counted_by_why() -> None:
+    from protocol.cache_misses import CacheMisses, Divergence
+
+    metrics = Metrics()
+    misses = CacheMisses({"diverged": 520, "evicted": 25}, 512, Divergence(2071, 3, "user", "content"))
+    metrics.observe_finish("m", FinishEvent("r", "stop", Usage(2593, 3, 2048, 512, 1, misses)), None)
+    metrics.observe_finish("m", FinishEvent("r", "stop", Usage(30, 3, 0, misses=CacheMisses({"diverged": 30}))), None)
+    metrics.observe_finish("m", _finish(prompt=100, cached=0, cold=0, completion=5), None)  # no prefix cache
+    samples = _samples(metrics)
+    name = "mlxd_prefix_miss_tokens_total"
+    assert samples[(name, frozenset({("model", "m"), ("reason", "diverged")}))] == 550
+    assert samples[(name, frozenset({("model", "m"), ("reason", "evicted")}))] == 25
+    assert samples[(name, frozenset({("model", "m"), ("reason", "evicted_hot_found_cold")}))] == 512
+    assert (name, frozenset({("model", "m"), ("reason", "first_seen")})) not in samples

@@ -84,3 +84,17 @@ def test_keepalive_timer_counts_from_last_write() -> None:
     assert timer.remaining() == 0.0
     timer.wrote()
     assert timer.remaining() > 0.1
+
+
+def test_the_cache_block_says_why_tokens_missed() -> None:
+    from protocol.cache_misses import CacheMisses, Divergence
+    from protocol.messages import Timings, Usage
+    from router.api.openai_format import timings_extension
+
+    misses = CacheMisses({"diverged": 545}, 0, Divergence(2071, 3, "user", "content"))
+    cache = timings_extension(Timings(), Usage(2593, 3, 2048, misses=misses))["cache"]
+    assert cache["uncached_tokens"] == 545
+    assert cache["miss_reasons"] == {"evicted": 0, "diverged": 545, "first_seen": 0, "cache_salt": 0,
+                                     "model_changed": 0, "partial_block": 0, "evicted_hot_found_cold": 0}
+    assert cache["divergence"] == {"token": 2071, "message_index": 3, "role": "user", "field": "content"}
+    assert timings_extension(Timings(), Usage(5, 1))["cache"]["miss_reasons"] is None  # no prefix cache
