@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from protocol.cache_breakpoints import CacheBreakpoint
 from protocol.errors import RequestError
 from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: importers find them here too)
     KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
@@ -203,6 +204,8 @@ class AddRequest(Message):
     # the last message is the start of the assistant's answer (a prefill such as "{"): the
     # template renders it open, and the answer is its continuation
     continue_final_message: bool = False
+    # prefixes the client asked to keep cached (Anthropic `cache_control`), at most 4
+    cache_breakpoints: list[CacheBreakpoint] = field(default_factory=list)
 
 
 @dataclass
@@ -347,6 +350,8 @@ class PromptEvent(Message):
     request_id: str
     prompt_tokens: int
     cached_tokens: int = 0
+    cache_creation_tokens: int = 0  # as in Usage, known once the prompt is planned
+    cache_creation_1h_tokens: int = 0
 
 
 @dataclass
@@ -390,6 +395,10 @@ class Usage:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (hot or SSD)
     cold_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
     cold_bytes: int = 0  # KV bytes those blocks carried (as stored by the worker)
+    # prompt tokens up to the request's last cache breakpoint that it computed and stored
+    # (not cached_tokens); 0 without a breakpoint (AddRequest.cache_breakpoints)
+    cache_creation_tokens: int = 0
+    cache_creation_1h_tokens: int = 0  # the part of them under a 1-hour breakpoint
 
 
 @dataclass

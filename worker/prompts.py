@@ -19,12 +19,14 @@ logger = logging.getLogger(__name__)
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                continue_final: bool = False) -> list[int]:
+                continue_final: bool = False, generation_prompt: bool = True) -> list[int]:
     """The chat prompt's token ids. A template that renders tools in a dialect we parse gets
     `tools` and the history's calls as it expects them; any other gets them as text in
     mlxd's fallback dialect (the tools in the system prompt). With `continue_final` the last
     (assistant) message is left open, with no generation prompt after it, so the answer
-    continues it (HF's `continue_final_message`: the template's end-of-turn is cut off)."""
+    continues it (HF's `continue_final_message`: the template's end-of-turn is cut off).
+    Without `generation_prompt` the prompt ends with the last message's turn (the prefix
+    of a cache breakpoint, `worker.cache_breakpoints`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "this model has no chat template; use /v1/completions with a prompt",
@@ -37,7 +39,7 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         messages = template_messages(messages, dialect)
     later = _later_system_texts(messages)
     try:
-        text = _apply(tokenizer, messages, tools, continue_final)
+        text = _apply(tokenizer, messages, tools, continue_final, generation_prompt)
     except Exception as exc:  # jinja errors: a template rejecting these messages
         if not later:
             raise RequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
@@ -48,15 +50,16 @@ def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
         logger.info("chat template does not take system messages after the first (%s): moving them to the start",
                     refusal)
         try:
-            text = _apply(tokenizer, hoist_system(messages), tools, continue_final)
+            text = _apply(tokenizer, hoist_system(messages), tools, continue_final, generation_prompt)
         except Exception as again:
             raise RequestError(f"the chat template rejected these messages: {again}", param="messages") from again
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-           continue_final: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools or None, add_generation_prompt=not continue_final,
+           continue_final: bool, generation_prompt: bool = True) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools or None,
+                                         add_generation_prompt=generation_prompt and not continue_final,
                                          continue_final_message=continue_final, tokenize=False)
 
 
