@@ -282,7 +282,7 @@ class CacheProbed(Message):
     token is always computed (it gives the first logits), so a prompt that ends on a block
     boundary cannot hit its last block. `keys` are every whole block of the prompt, each
     with where it is on its own (`tiers`: hot, ssd or missing), whether the kvstore has it
-    (`on_ssd`) and whether a snapshot pins it in the hot tier (`pinned`)."""
+    (`on_ssd`) and whether a snapshot or a cache breakpoint pins it in the hot tier (`pinned`)."""
 
     type: ClassVar[str] = "cache_probed"
     request_id: str
