@@ -147,7 +147,7 @@ def _user_messages(content: Any, where: str,
     results: list[dict[str, Any]] = []
     texts: list[str] = []
     result_marks: list[Mark] = []
-    text_marks: list[tuple[int, int]] = []  # (characters of the user text up to the block, TTL)
+    text_points: list[tuple[int, int]] = []  # (characters of the user text up to the block, TTL)
     for j, block in enumerate(_blocks(content, where)):
         kind, spot = block.get("type"), f"{where}[{j}]"
         if kind == "text":
@@ -169,10 +169,10 @@ def _user_messages(content: Any, where: str,
         if ttl is None:
             continue
         if kind != "tool_result" and texts:
-            text_marks.append((len("\n".join(texts)), ttl))
+            text_points.append((len("\n".join(texts)), ttl))
         elif results:
             result_marks.append((len(results) - 1, WHOLE, ttl))
-    marks = result_marks + [(len(results), chars, ttl) for chars, ttl in text_marks]  # the text follows the results
+    marks = result_marks + [(len(results), chars, ttl) for chars, ttl in text_points]  # the text follows the results
     if texts or not results:
         results.append({"role": "user", "content": "\n".join(texts)})
     return results, marks
