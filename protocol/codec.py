@@ -43,10 +43,24 @@ def _nested_fields(cls: type) -> dict[str, type]:
     """Fields of `cls` whose type is itself a dataclass (possibly `X | None`)."""
     nested: dict[str, type] = {}
     for name, hint in typing.get_type_hints(cls).items():
+        if typing.get_origin(hint) is list:
+            continue  # a list of dataclasses: `_nested_lists`
         candidates = typing.get_args(hint) or (hint,)
         for candidate in candidates:
             if dataclasses.is_dataclass(candidate):
                 nested[name] = candidate
+    return nested
+
+
+@functools.cache
+def _nested_lists(cls: type) -> dict[str, type]:
+    """Fields of `cls` that are a list of a dataclass (`list[X]`), by their item type."""
+    nested: dict[str, type] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if typing.get_origin(hint) is list:
+            (item,) = typing.get_args(hint)
+            if dataclasses.is_dataclass(item) and not issubclass(item, Message):
+                nested[name] = item
     return nested
 
 
@@ -89,6 +103,10 @@ def _from_plain(cls: type, data: dict[str, Any]) -> Any:
     for name, sub in _nested_fields(cls).items():
         if isinstance(kwargs.get(name), dict):
             kwargs[name] = _from_plain(sub, kwargs[name])
+    for name, item in _nested_lists(cls).items():
+        value = kwargs.get(name)
+        if isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            kwargs[name] = [_from_plain(item, v) for v in value]
     for name, hint in _field_hints(cls).items():
         if name in kwargs and not _fits(kwargs[name], hint):
             raise TypeError(f"{name} is {type(kwargs[name]).__name__}, not {getattr(hint, '__name__', hint)}")

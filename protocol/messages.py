@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from protocol.cache_misses import CacheMisses, Divergence  # noqa: F401  (Divergence: nested in CacheMisses)
+from protocol.cache_breakpoints import CacheBreakpoint
 from protocol.errors import RequestError
 from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: importers find them here too)
     KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
@@ -204,6 +205,8 @@ class AddRequest(Message):
     # the last message is the start of the assistant's answer (a prefill such as "{"): the
     # template renders it open, and the answer is its continuation
     continue_final_message: bool = False
+    # prefixes the client asked to keep cached (Anthropic `cache_control`), at most 4
+    cache_breakpoints: list[CacheBreakpoint] = field(default_factory=list)
 
 
 @dataclass
@@ -280,7 +283,7 @@ class CacheProbed(Message):
     token is always computed (it gives the first logits), so a prompt that ends on a block
     boundary cannot hit its last block. `keys` are every whole block of the prompt, each
     with where it is on its own (`tiers`: hot, ssd or missing), whether the kvstore has it
-    (`on_ssd`) and whether a snapshot pins it in the hot tier (`pinned`)."""
+    (`on_ssd`) and whether a snapshot or a cache breakpoint pins it in the hot tier (`pinned`)."""
 
     type: ClassVar[str] = "cache_probed"
     request_id: str
@@ -349,6 +352,8 @@ class PromptEvent(Message):
     request_id: str
     prompt_tokens: int
     cached_tokens: int = 0
+    cache_creation_tokens: int = 0  # as in Usage, known once the prompt is planned
+    cache_creation_1h_tokens: int = 0
 
 
 @dataclass
@@ -393,6 +398,10 @@ class Usage:
     cold_tokens: int = 0  # the part of cached_tokens restored from the SSD cold tier
     cold_bytes: int = 0  # KV bytes those blocks carried (as stored by the worker)
     misses: CacheMisses | None = None  # why the uncached prompt tokens were uncached (None: no prefix cache)
+    # prompt tokens up to the request's last cache breakpoint that it computed and stored
+    # (not cached_tokens); 0 without a breakpoint (AddRequest.cache_breakpoints)
+    cache_creation_tokens: int = 0
+    cache_creation_1h_tokens: int = 0  # the part of them under a 1-hour breakpoint
 
 
 @dataclass

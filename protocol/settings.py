@@ -74,6 +74,9 @@ class WorkerSettings:
         "a slot for the whole window)")
     dtype: str = setting(
         "auto", "weight dtype the worker computes in; auto picks the fastest for the device", choices=DTYPES)
+    breakpoint_pin_share: float = setting(
+        0.5, "most of a worker's hot tier that clients' cache breakpoints (Anthropic cache_control) may pin, "
+        "0-1; beyond it the least recently used breakpoints lapse early, so pins never crowd out new blocks")
     mlx_cache_mb: int = setting(
         256, "freed MLX buffers a worker keeps for reuse (MB); beyond this they go back to the system, and all go "
         "back whenever the worker falls idle, so a worker's RSS follows what it holds live")
@@ -86,6 +89,8 @@ class WorkerSettings:
         for key in ("batch_window_ms", "max_context_tokens", "max_prompt_tokens"):
             if getattr(self, key) < 0:
                 raise SettingError(key, f"must be >= 0, got {getattr(self, key)!r}")
+        if not 0.0 <= self.breakpoint_pin_share <= 1.0:
+            raise SettingError("breakpoint_pin_share", f"must be between 0 and 1, got {self.breakpoint_pin_share!r}")
         _choices(self)
 
 

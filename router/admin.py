@@ -34,6 +34,15 @@ def _rate(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 2) if values else None
 
 
+def _breakpoints(worker_stats: dict[str, Any]) -> dict[str, Any]:
+    return {"prefixes": worker_stats.get("breakpoint_prefixes", 0),
+            "pinned_blocks": worker_stats.get("breakpoint_pinned_blocks", 0),
+            "pinned_bytes": worker_stats.get("breakpoint_pinned_bytes", 0),
+            "limit_bytes": worker_stats.get("breakpoint_pin_limit_bytes", 0),
+            "lapsed": worker_stats.get("breakpoint_lapsed", 0),
+            "expired": worker_stats.get("breakpoint_expired", 0)}
+
+
 def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]:
     entry = pool.registry[model_id]
     supervisor = pool.supervisors.get(model_id)
@@ -49,6 +58,8 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
         "budget_bytes": supervisor.ready.hot_tier_bytes if supervisor and supervisor.ready else 0,
         "blocks": worker_stats.get("hot_blocks", 0),
         "hit_rate": round(hits / (hits + misses), 3) if hits + misses else None,
+        # what clients' cache_control breakpoints keep pinned (at most breakpoint_pin_share of the budget)
+        "breakpoints": _breakpoints(worker_stats),
     }
     return {
         "id": model_id,

@@ -48,8 +48,11 @@ def _hot_tier(pool: WorkerPool, model_id: str) -> dict[str, Any] | None:
         "blocks": stats.get("hot_blocks", 0),
         "bytes": stats.get("hot_bytes", 0),
         "budget_bytes": supervisor.ready.hot_tier_bytes if supervisor.ready else 0,
-        "pinned_blocks": stats.get("hot_pinned_blocks", 0),  # of the blocks, those snapshots pin (within the budget)
+        "pinned_blocks": stats.get("hot_pinned_blocks", 0),  # of the blocks, those snapshots or breakpoints pin
         "pinned_bytes": stats.get("hot_pinned_bytes", 0),
+        # of the pinned bytes, those clients' cache_control breakpoints hold (for their TTL)
+        "breakpoint_pinned_bytes": stats.get("breakpoint_pinned_bytes", 0),
+        "breakpoint_prefixes": stats.get("breakpoint_prefixes", 0),
         "hits": hits,
         "misses": misses,
         "hit_rate": _hit_rate(hits, misses),

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from protocol.messages import Timings, TokenLogprobs, Usage
+from protocol.messages import PromptEvent, Timings, TokenLogprobs, Usage
+from worker.cache_breakpoints import CacheCreation
 from worker.detokenizer import IncrementalDetokenizer
 from worker.grammar import GrammarProcessor
 from worker.logprobs import LogprobsReporter
@@ -43,6 +44,7 @@ class ActiveRequest:
     num_generated: int = 0
     grammar: GrammarProcessor | None = None  # its output constraint, if any
     logprobs: LogprobsReporter | None = None  # set when the client asked for logprobs
+    creation: CacheCreation = field(default_factory=CacheCreation)  # what its cache breakpoints write
 
     def mark_prefill_started(self, at: float) -> None:
         """Record the first prefill step that ran this prompt (later ones change nothing)."""
@@ -97,7 +99,13 @@ class ActiveRequest:
             grammar_s=self.grammar.seconds if self.grammar is not None else 0.0,
         )
 
+    def prompt_event(self) -> PromptEvent:
+        """The event that tells the client its prompt is taken, with the cache figures."""
+        return PromptEvent(self.request_id, len(self.prompt_ids), self.cached_tokens, self.creation.tokens,
+                           self.creation.tokens_1h)
+
     def usage(self, block_tokens: int) -> Usage:
         """Token counts for the finish; SSD tokens are whole blocks of `block_tokens`."""
         return Usage(len(self.prompt_ids), self.num_generated, self.cached_tokens,
-                     self.plan.cold_blocks * block_tokens, self.plan.cold_bytes, self.plan.misses)
+                     self.plan.cold_blocks * block_tokens, self.plan.cold_bytes, self.plan.misses,
+                     self.creation.tokens, self.creation.tokens_1h)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Container
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import llguidance
@@ -17,6 +17,7 @@ from protocol.errors import RequestError
 from protocol.messages import AddRequest
 from protocol.settings import WorkerSettings
 from protocol.prompt_bounds import check_prompt_fits
+from worker.cache_breakpoints import BreakpointPosition, CacheCreation, breakpoint_positions, cache_creation
 from worker.grammar import GrammarCompiler, GrammarProcessor
 from worker.grammar_batch import GrammarBatch
 from worker.logprobs import LogprobsReporter
@@ -43,6 +44,8 @@ class Admission:
     processors: list[LogitsProcessor]  # the grammar's last, if it has one
     grammar: GrammarProcessor | None = None
     logprobs: LogprobsReporter | None = None
+    breakpoints: list[BreakpointPosition] = field(default_factory=list)  # the client's, as token positions
+    creation: CacheCreation = field(default_factory=CacheCreation)  # what it writes to the cache (once planned)
 
 
 class Admitter:
@@ -112,7 +115,8 @@ class Admitter:
         if request.sampling.logprobs:
             self._vocabulary.llg  # noqa: B018  (built here, not on the engine loop)
         read_ahead = self._prefix_cache.read_ahead(prompt_ids, request.cache_salt)
-        return PreparedPrompt(prompt_ids, read_ahead, matcher, self.divergence(request, prompt_ids))
+        return PreparedPrompt(prompt_ids, read_ahead, matcher, self.divergence(request, prompt_ids),
+                              self.breakpoints(request, prompt_ids))
 
     def divergence(self, request: AddRequest, prompt_ids: list[int], refresh: bool = False) -> Divergence | None:
         """Where this prompt leaves the way an earlier one went, with the message there
@@ -141,6 +145,18 @@ class Admitter:
             misses.divergence = located
         return misses
 
+    def breakpoints(self, request: AddRequest, prompt_ids: list[int]) -> list[BreakpointPosition]:
+        """The request's cache breakpoints as token positions of its prompt (each costs a
+        render and a tokenization of the prompt up to it: tokenizer thread)."""
+        if not request.cache_breakpoints or request.messages is None or not self._prefix_cache.enabled:
+            return []
+        def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+            return render_chat(self._tokenizer, messages, tools, generation_prompt=False)
+
+        return breakpoint_positions(render,
+                                    request.messages, request.tools, request.cache_breakpoints, prompt_ids,
+                                    request.request_id)
+
     def _compile(self, request: AddRequest) -> llguidance.LLMatcher | None:
         return self._grammars.compile(request.constraint) if request.constraint is not None else None
 
@@ -159,7 +175,8 @@ class Admitter:
             processors.append(grammar)
         sampling = request.sampling
         logprobs = LogprobsReporter(sampling.top_logprobs, self._vocabulary) if sampling.logprobs else None
-        return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs)
+        breakpoints = prepared.breakpoints if prepared is not None else self.breakpoints(request, prompt_ids)
+        return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints)
 
     def plan(self, request: AddRequest, prompt_ids: list[int], prepared: PreparedPrompt | None) -> PrefixPlan:
         """Look the prompt up in the prefix cache: how much of it is cached, and where."""
@@ -179,3 +196,21 @@ class Admitter:
                      request.request_id, plan.cached_tokens, len(prompt_ids), plan.hot_blocks, plan.cold_blocks,
                      plan.tail_tokens, plan.misses.describe())
         return plan
+
+    def hold_breakpoints(self, request_id: str, breakpoints: list[BreakpointPosition],
+                         plan: PrefixPlan) -> CacheCreation:
+        """Keep each breakpoint's whole blocks in the hot tier for its TTL (or refresh
+        them), pinned from now on, so the blocks this request computes are protected as they
+        arrive; returns what the request writes to the cache."""
+        if not breakpoints or not plan.keys:
+            return CacheCreation()
+        pins = self._prefix_cache.breakpoint_pins
+        block = self._prefix_cache.block_tokens
+        for point in breakpoints:
+            pins.hold(plan.keys[: point.tokens // block], point.ttl_s)
+        creation = cache_creation(breakpoints, plan.cached_tokens)
+        log.info("request %s: cache breakpoints at prompt tokens %s (ttl %s s): %d whole blocks held, "
+                 "%d tokens written to the cache (%d for 1h)", request_id, [p.tokens for p in breakpoints],
+                 "/".join(str(p.ttl_s) for p in breakpoints), max(p.tokens for p in breakpoints) // block,
+                 creation.tokens, creation.tokens_1h)
+        return creation

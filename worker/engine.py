@@ -26,7 +26,6 @@ from protocol.messages import (
     Message,
     ProbeCache,
     ProgressEvent,
-    PromptEvent,
     TokenEvent,
 )
 from worker.active_request import ActiveRequest
@@ -137,6 +136,7 @@ class Engine:
             self.check_admissible(request.request_id)
             admission = self._admitter.admit(request, prepared)
             plan = self._admitter.plan(request, admission.prompt_ids, prepared)
+            admission.creation = self._admitter.hold_breakpoints(request.request_id, admission.breakpoints, plan)
             self._start(request, admission, plan, arrived)
         except RequestError as exc:
             self._discard(request.request_id)
@@ -200,7 +200,7 @@ class Engine:
             plan=plan,
             cached_tokens=plan.cached_tokens,
             created_at=arrived,
-            grammar=admission.grammar, logprobs=admission.logprobs,
+            grammar=admission.grammar, logprobs=admission.logprobs, creation=admission.creation,
         )
         if self._hit_fast_path_open(active):
             self._start_hit(active, admission)
@@ -242,7 +242,7 @@ class Engine:
             self.prefix_cache.capture_final(plan, plan.caches, active.prompt_ids)
             plan.caches = None
             self._by_request[active.request_id] = active
-            self._emit(PromptEvent(active.request_id, len(active.prompt_ids), active.cached_tokens))
+            self._emit(active.prompt_event())
             self._on_token(active, first_token, "stop" if is_eos else "length", time.perf_counter(), distribution)
             return
         # the prompt is all in the cache now; the batch continues from the first token
@@ -267,7 +267,7 @@ class Engine:
         plan.caches = None  # the generator owns the working copy now
         self._by_uid[active.uid] = active
         self._by_request[active.request_id] = active
-        self._emit(PromptEvent(active.request_id, len(active.prompt_ids), active.cached_tokens))
+        self._emit(active.prompt_event())
 
     def abort(self, request_id: str) -> None:
         """Free the slot of a request whose client went away; it gets no more events."""

@@ -205,7 +205,8 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     budget = config.hot_tier_bytes  # sized by the router's pool from the memory budget
     cold = ColdTier(config.kvstore_address, config.model_id) if config.kvstore_address and settings.prefix_cache else None
     prefix_cache = PrefixCache(
-        loaded.model, loaded.fingerprint, settings.block_tokens, budget, enabled=settings.prefix_cache, cold=cold
+        loaded.model, loaded.fingerprint, settings.block_tokens, budget, enabled=settings.prefix_cache, cold=cold,
+        breakpoint_pin_share=settings.breakpoint_pin_share,
     )
     log.info(
         "prefix cache %s: blocks of %d tokens, hot tier %.0f MB, cold tier %s",

@@ -22,6 +22,7 @@ import mlx.nn as nn
 
 from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from protocol.cache_misses import CacheMisses
+from worker.breakpoint_pins import DEFAULT_MAX_SHARE, BreakpointPins
 from worker.cold_tier import ColdTier, ColdTierStats
 from worker.hot_tier import HotTier
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
@@ -113,7 +114,8 @@ class PrefixCache:
     """
 
     def __init__(self, model: nn.Module, fingerprint: bytes, block_tokens: int, budget_bytes: int,
-                 enabled: bool = True, cold: ColdTier | None = None) -> None:
+                 enabled: bool = True, cold: ColdTier | None = None,
+                 breakpoint_pin_share: float = DEFAULT_MAX_SHARE) -> None:
         self.model = model
         self.cold = cold
         self.fingerprint = fingerprint
@@ -130,6 +132,7 @@ class PrefixCache:
         self._tails: dict[BlockKey, list[tuple[tuple[int, ...], BlockKey]]] = {}
         self._snapshots: dict[str, list[BlockKey]] = {}  # name -> its distinct keys, pinned in the hot tier
         self.seen = SeenPrefixes(fingerprint, block_tokens, whole_tails=self.snapshots)  # what was computed: miss reasons
+        self.breakpoint_pins = BreakpointPins(self.hot, breakpoint_pin_share)  # clients' cache_control, with TTLs
 
     def segment_tokens(self, prefill_chunk_tokens: int) -> int:
         """Prefill segment length: whole blocks, so every segment ends on a boundary
@@ -363,6 +366,8 @@ class PrefixCache:
         self.seen.note_blocks(plan.keys, tokens, start, complete, plan.salt)
         if start == 0 and self.cold is not None:  # a new first block: its shadow on SSD, for miss reasons
             self.cold.store(*self.seen.shadow_record(tokens[:block], plan.salt))
+        if self.breakpoint_pins.held:  # blocks held before they were computed count now
+            self.breakpoint_pins.enforce()
         return complete - start
 
     def capture_final(self, plan: PrefixPlan, caches: list[Any], tokens: list[int]) -> None:
@@ -396,6 +401,7 @@ class PrefixCache:
         and its plan's keys, so it finishes with the same tokens; blocks it completes
         after the clear are stored as usual (a later prompt reaches them only from the
         first block, so until that is cached again they are unused and age out)."""
+        self.breakpoint_pins.release_all()
         num_blocks, num_bytes = self.hot.clear()
         self._tails.clear()
         num_dropped = self.cold.drop_queued() if self.cold is not None else 0
@@ -428,4 +434,5 @@ class PrefixCache:
             "misses": s.misses,
             "inserts": s.inserts,
             "evictions": s.evictions,
+            **self.breakpoint_pins.stats(),
         }

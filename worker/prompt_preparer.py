@@ -14,11 +14,12 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.errors import RequestError
 from protocol.messages import AddRequest, CountTokens, ErrorEvent, Message, TokenCount
+from worker.cache_breakpoints import BreakpointPosition
 
 
 @dataclass
@@ -30,6 +31,7 @@ class PreparedPrompt:
     read_ahead: Any = None  # the prefix cache's ColdRun, or None
     matcher: Any = None  # the request's compiled grammar (an llguidance matcher), or None
     divergence: Any = None  # where it left an earlier prompt, message found (`worker.message_at_token`), or None
+    breakpoints: list[BreakpointPosition] = field(default_factory=list)  # its cache breakpoints, as token positions
 
 
 Prepare = Callable[[AddRequest], PreparedPrompt]

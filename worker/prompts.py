@@ -19,9 +19,9 @@ logger = logging.getLogger(__name__)
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                continue_final: bool = False) -> list[int]:
+                continue_final: bool = False, generation_prompt: bool = True) -> list[int]:
     """The chat prompt's token ids (`render_chat_text`, tokenized)."""
-    return list(tokenizer.encode(render_chat_text(tokenizer, messages, tools, continue_final),
+    return list(tokenizer.encode(render_chat_text(tokenizer, messages, tools, continue_final, generation_prompt),
                                  add_special_tokens=False))
 
 
@@ -32,8 +32,9 @@ def render_chat_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list
     mlxd's fallback dialect (the tools in the system prompt). With `continue_final` the last
     (assistant) message is left open, with no generation prompt after it, so the answer
     continues it (HF's `continue_final_message`: the template's end-of-turn is cut off).
-    Without `generation_prompt` the text ends with the last message (a conversation's
-    start, rendered as the whole renders it: `worker.message_at_token`)."""
+    Without `generation_prompt` the text ends with the last message's turn (a conversation's
+    start, rendered as the whole renders it: `worker.message_at_token`, and the prefix of a
+    cache breakpoint, `worker.cache_breakpoints`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "this model has no chat template; use /v1/completions with a prompt",

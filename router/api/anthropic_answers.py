@@ -48,19 +48,29 @@ logger = logging.getLogger(__name__)
 PING = {"type": "ping"}
 
 
-def usage_body(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
-    """Anthropic's usage: `input_tokens` are the prompt tokens computed, the cached rest are
-    `cache_read_input_tokens` (mlxd caches without being asked: nothing is "created")."""
-    return {"input_tokens": prompt_tokens - cached_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached_tokens, "output_tokens": output_tokens}
+def usage_body(prompt_tokens: int, cached_tokens: int, output_tokens: int, creation_tokens: int = 0,
+               creation_1h_tokens: int = 0) -> dict[str, Any]:
+    """Anthropic's usage. `cache_read_input_tokens`: prompt tokens served from the prefix
+    cache (hot tier or SSD); `cache_creation_input_tokens`: those up to the request's last
+    `cache_control` breakpoint that it computed and wrote to the cache (0 without a
+    breakpoint: mlxd caches every prompt unasked, and calls none of it created, as
+    Anthropic reports no creation without one); `input_tokens`: the rest, computed and not
+    under a breakpoint. The three add up to the prompt; `cache_creation` splits the
+    creation by the breakpoints' TTL."""
+    return {"input_tokens": prompt_tokens - cached_tokens - creation_tokens,
+            "cache_creation_input_tokens": creation_tokens, "cache_read_input_tokens": cached_tokens,
+            "cache_creation": {"ephemeral_5m_input_tokens": creation_tokens - creation_1h_tokens,
+                               "ephemeral_1h_input_tokens": creation_1h_tokens},
+            "output_tokens": output_tokens}
 
 
-def final_usage(usage: Usage) -> dict[str, int]:
-    return usage_body(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+def final_usage(usage: Usage) -> dict[str, Any]:
+    return usage_body(usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.cache_creation_tokens,
+                      usage.cache_creation_1h_tokens)
 
 
 def message_body(message_id: str, model: str, content: list[dict[str, Any]], stop_reason: str | None,
-                 stop_sequence: str | None, usage: dict[str, int]) -> dict[str, Any]:
+                 stop_sequence: str | None, usage: dict[str, Any]) -> dict[str, Any]:
     """A `message` object: the whole answer, or (empty, no stop reason) `message_start`'s."""
     return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
@@ -230,7 +240,8 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
     blocks = _content_blocks(parsed)
     timer = KeepAliveTimer(keepalive_s)
     prompt = first if isinstance(first, PromptEvent) else None
-    start_usage = usage_body(prompt.prompt_tokens, prompt.cached_tokens, 0) if prompt else usage_body(0, 0, 0)
+    start_usage = (usage_body(prompt.prompt_tokens, prompt.cached_tokens, 0, prompt.cache_creation_tokens,
+                              prompt.cache_creation_1h_tokens) if prompt else usage_body(0, 0, 0))
     yield sse_event({"type": "message_start", "message": message_body(rid, parsed.model, [], None, None, start_usage)})
     event = None if prompt is not None else first
     try:

@@ -7,7 +7,9 @@ a `tool` message; the top-level system text is the leading system message and th
 is a prefill the answer continues. The answer is `router.api.anthropic_answers`.
 
 Rendering is deterministic and shape-blind: a string and the same text as text blocks give
-the same prompt, `cache_control` is ignored, so resent history keeps hitting the prefix cache.
+the same prompt, and `cache_control` never changes it, so resent history keeps hitting the
+prefix cache. `cache_control` breakpoints travel beside the prompt, as points of the internal
+request (`router.api.anthropic_cache_control`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from protocol.cache_breakpoints import CacheBreakpoint
 from protocol.messages import AddRequest
 from router.api import anthropic_answers
+from router.api.anthropic_cache_control import HEAD, WHOLE, BreakpointReader, Mark, breakpoints, text_marks
 from router.api.anthropic_errors import answer_error
 from router.api.billing_header import without_billing_lines
 from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
@@ -45,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 ANTHROPIC_MESSAGES_FIELDS = frozenset({
     "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
-    "tools", "tool_choice", "metadata", "thinking", "cache_salt",
+    "tools", "tool_choice", "metadata", "thinking", "cache_salt", "cache_control",
 })
 IMAGE_TEXT = "[image]"  # what a text-only model sees where the client sent an image
 DROPPED_SILENTLY = frozenset({"thinking", "redacted_thinking"})  # the model's own reasoning: not re-read
@@ -99,20 +103,21 @@ def _block_text(block: dict[str, Any], where: str) -> str:
     return text
 
 
-def _plain_texts(content: Any, where: str) -> list[str]:
-    """The texts of system content (text blocks; an image becomes IMAGE_TEXT, any other
-    block is dropped)."""
-    texts = []
+def _system_parts(content: Any, where: str, reader: BreakpointReader) -> list[tuple[str | None, int | None]]:
+    """Per block of system content, its text (text blocks; an image becomes IMAGE_TEXT;
+    None: any other block, dropped) and the TTL of its cache breakpoint (None: none)."""
+    parts: list[tuple[str | None, int | None]] = []
     for j, block in enumerate(_blocks(content, where)):
-        kind = block.get("type")
+        kind, text = block.get("type"), None
         if kind == "text":
-            texts.append(_block_text(block, f"{where}[{j}]"))
+            text = _block_text(block, f"{where}[{j}]")
         elif kind == "image":
             _note_image(where)
-            texts.append(IMAGE_TEXT)
+            text = IMAGE_TEXT
         else:
             _note_dropped(kind, "system")
-    return texts
+        parts.append((text, reader.ttl_s(block, f"{where}[{j}]")))
+    return parts
 
 
 def _tool_result_text(content: Any, where: str) -> str:
@@ -133,11 +138,16 @@ def _tool_result_text(content: Any, where: str) -> str:
     return "\n".join(parts)
 
 
-def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+def _user_messages(content: Any, where: str,
+                   reader: BreakpointReader) -> tuple[list[dict[str, Any]], list[Mark]]:
     """One user turn: a `tool` message per tool_result (first: the calls' results answer the
-    previous turn), then the user's text, if any."""
+    previous turn), then the user's text, if any; and its cache breakpoints as marks on
+    those messages: a tool result's on its whole message, any other's on the user text up
+    to its block (or, before any text, on the last result)."""
     results: list[dict[str, Any]] = []
     texts: list[str] = []
+    result_marks: list[Mark] = []
+    text_points: list[tuple[int, int]] = []  # (characters of the user text up to the block, TTL)
     for j, block in enumerate(_blocks(content, where)):
         kind, spot = block.get("type"), f"{where}[{j}]"
         if kind == "text":
@@ -153,13 +163,19 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
             if block.get("is_error") is True:
                 text = f"Error: {text}"
             results.append({"role": "tool", "tool_call_id": call_id, "content": text})
-        elif kind in DROPPED_SILENTLY:
-            continue
-        else:
+        elif kind not in DROPPED_SILENTLY:
             _note_dropped(kind, "user")
+        ttl = reader.ttl_s(block, spot)
+        if ttl is None:
+            continue
+        if kind != "tool_result" and texts:
+            text_points.append((len("\n".join(texts)), ttl))
+        elif results:
+            result_marks.append((len(results) - 1, WHOLE, ttl))
+    marks = result_marks + [(len(results), chars, ttl) for chars, ttl in text_points]  # the text follows the results
     if texts or not results:
         results.append({"role": "user", "content": "\n".join(texts)})
-    return results
+    return results, marks
 
 
 def _assistant_message(content: Any, where: str) -> dict[str, Any]:
@@ -193,17 +209,32 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
 
 def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -> tuple[list[dict[str, Any]], str]:
     """`system` and `messages` -> the chat-template messages, and the assistant prefill
-    ("" if the last message is not an assistant's).
+    ("" if the last message is not an assistant's); see `read_messages`."""
+    messages, prefill, _ = read_messages(body, normalize_billing_header)
+    return messages, prefill
+
+
+def read_messages(body: dict[str, Any], normalize_billing_header: bool = True,
+                  reader: BreakpointReader | None = None) -> tuple[list[dict[str, Any]], str, list[CacheBreakpoint]]:
+    """`system` and `messages` -> the chat-template messages, the assistant prefill ("" if
+    the last message is not an assistant's), and the cache breakpoints on them (counted by
+    `reader`).
 
     The top-level `system` (without Claude Code's billing line unless
     `normalize_billing_header` is off) is the leading system message; each `role: "system"`
     entry of `messages` stays where it is, so a note Claude Code adds late in a session
     leaves the cached prefix before it alone (the worker moves them to the start for a
     template that takes a system message only there). Consecutive user texts are merged
-    into one turn, as Anthropic does (and templates that require alternating roles need)."""
-    system = _plain_texts(body.get("system"), "system")
+    into one turn, as Anthropic does (and templates that require alternating roles need).
+    A top-level `cache_control` (Anthropic's automatic caching) is a breakpoint on the last
+    message."""
+    reader = reader or BreakpointReader()
+    parts = _system_parts(body.get("system"), "system", reader)
     if normalize_billing_header:
-        system = without_billing_lines(system)
+        parts = [(next(iter(without_billing_lines([text])), None) if text is not None else None, ttl)
+                 for text, ttl in parts]
+    system, system_marks = text_marks(parts)
+    marks: list[Mark] = [(HEAD, chars, ttl) for chars, ttl in system_marks]
     leading = "\n".join(system)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -213,17 +244,29 @@ def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -
         where = f"messages[{i}].content"
         role = message.get("role") if isinstance(message, dict) else None
         if role == "system":
-            texts = _plain_texts(message.get("content"), where)
+            texts, in_text = text_marks(_system_parts(message.get("content"), where, reader))
             if texts:
                 turns.append({"role": "system", "content": "\n".join(texts)})
+                marks += [(len(turns) - 1, chars, ttl) for chars, ttl in in_text]
         elif role == "user":
-            for turn in _user_messages(message.get("content"), where):
+            out, in_turns = _user_messages(message.get("content"), where, reader)
+            placed = []  # per message of `out`: (its turn, where its text starts in that turn)
+            for turn in out:
                 if turn["role"] == "user" and turns and turns[-1]["role"] == "user":
-                    turns[-1]["content"] = "\n\n".join(t for t in (turns[-1]["content"], turn["content"]) if t)
+                    before = turns[-1]["content"]
+                    turns[-1]["content"] = "\n\n".join(t for t in (before, turn["content"]) if t)
+                    placed.append((len(turns) - 1, len(before) + 2 if before else 0))
                 else:
                     turns.append(turn)
+                    placed.append((len(turns) - 1, 0))
+            marks += [(placed[k][0], chars if chars == WHOLE else placed[k][1] + chars, ttl)
+                      for k, chars, ttl in in_turns]
         elif role == "assistant":
             turns.append(_assistant_message(message.get("content"), where))
+            for j, block in enumerate(_blocks(message.get("content"), where)):
+                ttl = reader.ttl_s(block, f"{where}[{j}]")
+                if ttl is not None:
+                    marks.append((len(turns) - 1, WHOLE, ttl))
         else:
             raise bad("messages", f"'messages[{i}].role' must be \"user\", \"assistant\" or \"system\", "
                       f"got {short(role)}")
@@ -236,14 +279,20 @@ def chat_messages(body: dict[str, Any], normalize_billing_header: bool = True) -
             prefill = last["content"]
     if not any(turn["role"] != "system" for turn in turns):
         raise bad("messages", "'messages' must hold at least one user message")
+    automatic = reader.ttl_s(body, "")
+    if automatic is not None:
+        marks.append((len(turns) - 1, WHOLE, automatic))
     head = [{"role": "system", "content": leading}] if leading else []
-    return head + turns, prefill
+    return head + turns, prefill, breakpoints(marks, head + turns, bool(head))
 
 
-def _openai_tools(body: dict[str, Any]) -> dict[str, Any]:
+def _openai_tools(body: dict[str, Any], reader: BreakpointReader | None = None,
+                  points: list[CacheBreakpoint] | None = None) -> dict[str, Any]:
     """`tools`, `tool_choice` as the OpenAI chat fields `parse_tools` reads: the same
     rendering, parser and forcing grammar serve both APIs. Server tools (web search, code
-    execution: a `type` and no `input_schema`) run at Anthropic, not here: dropped."""
+    execution: a `type` and no `input_schema`) run at Anthropic, not here: dropped. A
+    tool's cache breakpoint goes to `points`, after the tools kept up to it."""
+    reader = reader or BreakpointReader()
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list")
@@ -251,7 +300,11 @@ def _openai_tools(body: dict[str, Any]) -> dict[str, Any]:
     for i, tool in enumerate(tools or []):
         if not isinstance(tool, dict):
             raise bad("tools", f"'tools[{i}]' must be an object")
-        if "input_schema" not in tool and tool.get("type") not in (None, "custom"):
+        server_tool = "input_schema" not in tool and tool.get("type") not in (None, "custom")
+        ttl = reader.ttl_s(tool, f"tools[{i}]", "tools")
+        if ttl is not None and points is not None and len(functions) + (not server_tool):
+            points.append(CacheBreakpoint(ttl, num_tools=len(functions) + (not server_tool)))
+        if server_tool:
             _note_dropped(tool.get("type"), "tools")
             continue
         function: dict[str, Any] = {"name": tool.get("name")}
@@ -308,8 +361,10 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
         body = merged
     limit = profile.context_limit if profile is not None else None
     stream = flag(body, "stream")
-    messages, prefill = chat_messages(body, normalize_billing_header)
-    tools, tool_request = parse_tools(_openai_tools(body))
+    reader, points = BreakpointReader(), []
+    messages, prefill, message_points = read_messages(body, normalize_billing_header, reader)
+    tools, tool_request = parse_tools(_openai_tools(body, reader, points))
+    reader.check()
     cache_salt = body.get("cache_salt")
     if cache_salt is not None and not isinstance(cache_salt, str):
         raise bad("cache_salt", "'cache_salt' must be a string")
@@ -321,6 +376,8 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
         cache_salt=cache_salt,
         context_limit=limit,
         continue_final_message=bool(prefill),
+        # Anthropic's cache order: tools, system, messages (tools dropped with tool_choice none: no point)
+        cache_breakpoints=(points if tools else []) + message_points,
     )
     return MessagesRequest("chat", model_name(body), add, stream, False, limit, tools=tool_request, prefill=prefill)
 

@@ -189,7 +189,7 @@ def test_a_string_and_the_same_text_as_blocks_render_the_same(client: anthropic.
     def prompt_tokens(system: Any, content: Any) -> int:
         usage = client.messages.create(model=model, max_tokens=1, system=system,
                                        messages=[{"role": "user", "content": content}]).usage
-        return usage.input_tokens + usage.cache_read_input_tokens
+        return usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens  # the prompt
 
     as_strings = prompt_tokens("Be brief.", "Name a colour.")
     as_blocks = prompt_tokens([{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
@@ -291,7 +291,8 @@ def test_the_tool_result_turn_reads_the_main_turns_prefix_from_the_cache(service
     partial block comes from the cache. The long prefill also shows its pings."""
     main_events, _ = replay(service, "claude-code-messages-main-turn-default-model", model)
     main = next(e for e in main_events if e["type"] == "message_delta")["usage"]
-    main_prompt = main["input_tokens"] + main["cache_read_input_tokens"]
+    # the capture has cache_control breakpoints: its prompt is all three figures
+    main_prompt = main["input_tokens"] + main["cache_creation_input_tokens"] + main["cache_read_input_tokens"]
     assert main_prompt > 1000
     events, _ = replay(service, "claude-code-messages-tool-result-roundtrip", model)
     usage = next(e for e in events if e["type"] == "message_delta")["usage"]

@@ -8,6 +8,7 @@ import msgpack
 import pytest
 
 from protocol.cache_misses import CacheMisses, Divergence
+from protocol.cache_breakpoints import TTL_1H_S, CacheBreakpoint
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import (
@@ -89,11 +90,15 @@ EXAMPLES = [
         cache_salt="tenant-a",
     ),
     AddRequest("r2", prompt=[1, 2, 3]),
+    AddRequest("r6", messages=[{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+               cache_breakpoints=[CacheBreakpoint(TTL_1H_S, num_tools=2), CacheBreakpoint(message_index=0),
+                                  CacheBreakpoint(message_index=1, content_chars=1)]),
     AddRequest("r3", prompt="once upon"),
     AddRequest("r4", prompt="{", constraint=Constraint("json_schema", '{"type": "object"}'),
                sampling=SamplingParams(logprobs=True, top_logprobs=2)),
     AbortRequest("r1"),
     PromptEvent("r1", 20, 16),
+    PromptEvent("r6", 700, 256, 400, 100),
     ProgressEvent("r1", 10, 20),
     TokenEvent("r1", "Par", [123], 3.5),
     TokenEvent("r4", "\u00e9", [9], 3.6, TokenLogprobs([b"\xc3\xa9"], [-0.5], [[b"\xc3\xa9", b"\xc3"]], [[-0.5, -1.25]])),
@@ -101,6 +106,7 @@ EXAMPLES = [
     FinishEvent("r6", "length", Usage(2593, 3, 2048, 512, 1 << 20, CacheMisses(
         {"diverged": 520, "evicted": 25}, 512, Divergence(2071, 3, "user", "content")))),
     FinishEvent("r7", "stop", Usage(20, 3, 0, misses=CacheMisses({"first_seen": 20}))),
+    FinishEvent("r8", "stop", Usage(700, 3, 256, 256, 1 << 20, cache_creation_tokens=400, cache_creation_1h_tokens=100)),
     ErrorEvent("r1", "prompt too long", 400, "invalid_request_error", "messages", "context_length_exceeded"),
     ErrorEvent("r5", "prompt too long", 400, "invalid_request_error", "messages", "context_length_exceeded",
                9000, 8192),
@@ -192,6 +198,9 @@ def test_round_trip(message, frames) -> None:
         ([msgpack.packb({"type": "events", "events": [{"type": "nope"}]})], "unknown message type"),
         ([msgpack.packb({"type": "events", "events": [{"type": "token", "text": "x"}]})], "bad fields"),
         ([msgpack.packb({"type": "events", "events": [{"type": "events", "events": []}]})], "inside a batch"),
+        ([msgpack.packb({"type": "add_request", "request_id": "x", "cache_breakpoints": ["5m"]})], "bad fields"),
+        ([msgpack.packb({"type": "add_request", "request_id": "x",
+                         "cache_breakpoints": [{"ttl_s": "5m"}]})], "bad fields"),
     ],
 )
 def test_bad_input_is_a_protocol_error(parts, problem) -> None:

@@ -91,7 +91,22 @@ def test_stop_reasons(reason: str, sequence: str | None, calls: bool, expected: 
 
 def test_usage_splits_cached_tokens_out() -> None:
     assert final_usage(Usage(prompt_tokens=300, completion_tokens=5, cached_tokens=256)) == {
-        "input_tokens": 44, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 256, "output_tokens": 5}
+        "input_tokens": 44, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 256, "output_tokens": 5,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0}}
+
+
+@pytest.mark.parametrize("usage, expected", [
+    # a breakpoint at token 700 of a 900-token prompt, 256 of them cached: 444 written, 200 after it
+    (Usage(900, 5, 256, cache_creation_tokens=444), (200, 444, 256, 444, 0)),
+    (Usage(900, 5, 0, cache_creation_tokens=700, cache_creation_1h_tokens=300), (200, 700, 0, 400, 300)),
+    (Usage(900, 5, 899), (1, 0, 899, 0, 0)),  # a hit past the breakpoint (or none): nothing written
+])
+def test_usage_reports_what_breakpoints_wrote(usage: Usage, expected: tuple[int, ...]) -> None:
+    body = final_usage(usage)
+    split = body["cache_creation"]
+    assert (body["input_tokens"], body["cache_creation_input_tokens"], body["cache_read_input_tokens"],
+            split["ephemeral_5m_input_tokens"], split["ephemeral_1h_input_tokens"]) == expected
+    assert body["input_tokens"] + body["cache_creation_input_tokens"] + body["cache_read_input_tokens"] == 900
 
 
 @pytest.mark.parametrize("error, status, kind, starts", [
