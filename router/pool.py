@@ -88,6 +88,7 @@ class WorkerPool:
         self._tasks: set[asyncio.Task[Any]] = set()  # background loads after a reload
         self.waits = ModelWaits(self)  # requests waiting for their model, and the loads they start
         self._started = False
+        self.accepting = asyncio.Event()  # set by start() once requests can wait for their models
 
     # ------------------------------------------------------------ lifecycle
 
@@ -105,6 +106,7 @@ class WorkerPool:
                 self.kvstore.on_restart = lambda: self.metrics.observe_restart("kvstore")
                 await self.kvstore.start()
             self.check_config(self.config)
+            self.accepting.set()
             for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
                 await self.load(self.aliases.get(model_id, model_id))
         except BaseException:
@@ -257,8 +259,7 @@ class WorkerPool:
         return supervisor
 
     async def acquire(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> WorkerSupervisor:
-        """The worker of a model id from `resolve`, once it is ready (loading it, evicting
-        others, if needed: `router.model_waits`); a 400 unless it can serve `task`."""
+        """The worker of a model id from `resolve` once ready (`router.model_waits`); a 400 unless it can serve `task`."""
         self.check_kind(model_id, kinds, task)
         self.last_used[model_id] = time.time()
         return await self.waits.until_ready(model_id)

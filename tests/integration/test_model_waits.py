@@ -222,3 +222,31 @@ def test_a_wait_past_load_timeout_s_answers_a_503(models_dir: Path, tmp_path: Pa
         assert num_loads(svc, MODEL) == 1
     finally:
         svc.stop()
+
+
+def test_a_request_during_the_start_waits_with_keepalives(models_dir: Path, tmp_path: Path) -> None:
+    """The port opens before the command-line model is loaded: /health says `starting`, and a
+    request sent then starts its answer and waits for the model like any other."""
+    svc = Service(["--model-dir", str(models_dir), "--model", MODEL, "--no-cold-tier", "--sse-keepalive-s", "0.5"],
+                  home=tmp_path / "home")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert svc.proc.poll() is None and time.monotonic() < deadline, svc.log_text()[-3000:]
+            try:
+                if httpx.get(f"{svc.base_url}/health", timeout=2).json().get("status") == "starting":
+                    break
+            except (httpx.HTTPError, ValueError):
+                time.sleep(0.05)
+        body = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{svc.base_url}/v1/chat/completions", json=body, timeout=300) as answer:
+            assert answer.status_code == 200
+            assert svc.health()["status"] == "starting"  # the answer started before the start finished
+            seen = b"".join(answer.iter_bytes())
+        assert b": keep-alive" in seen and seen.endswith(b"data: [DONE]\n\n"), seen[:400]
+        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                       for line in seen.decode().splitlines() if line.startswith("data: {"))
+        assert "Paris" in text, text
+        assert svc.health()["status"] == "ok"
+    finally:
+        svc.stop()
