@@ -366,7 +366,7 @@ async def run_router(config: RouterConfig, models: dict[str, Path],
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     pool = WorkerPool(config, models, worker_command)
-    startup = StartupState(timeout_s=config.load_timeout_s)
+    startup = StartupState(timeout_s=config.load_timeout_s, accepting=pool.accepting)
     server: RouterServer | None = None
     reloader = Reloader(flags if flags is not None else {}, pool, keys,
                         lambda new: setattr(server.config.app.state, "config", new) if server else None)

@@ -28,9 +28,10 @@ from router.kvstore_supervisor import KVStoreSupervisor
 from router.metrics import HISTORY_INTERVAL_S, Metrics
 from router.model_files import ModelNotFound, convert_once, provision
 from router.model_aliases import DEFAULT_TARGET, AliasLog, match_alias
+from router.model_waits import ModelWaits
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
 from router.profiles import Profile, split_model_name
-from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError, WorkerSupervisor
+from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerSupervisor
 from router.worker_client import RequestStream, WorkerClient
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ class WorkerPool:
         self._sample_task: asyncio.Task[None] | None = None
         self.metrics = Metrics()  # GET /metrics, and the dashboard's history
         self._tasks: set[asyncio.Task[Any]] = set()  # background loads after a reload
+        self.waits = ModelWaits(self)  # requests waiting for their model, and the loads they start
         self._started = False
+        self.accepting = asyncio.Event()  # set by start() once requests can wait for their models
 
     # ------------------------------------------------------------ lifecycle
 
@@ -103,6 +106,7 @@ class WorkerPool:
                 self.kvstore.on_restart = lambda: self.metrics.observe_restart("kvstore")
                 await self.kvstore.start()
             self.check_config(self.config)
+            self.accepting.set()
             for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
                 await self.load(self.aliases.get(model_id, model_id))
         except BaseException:
@@ -255,22 +259,19 @@ class WorkerPool:
         return supervisor
 
     async def acquire(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> WorkerSupervisor:
-        """The ready worker for a model id from `resolve` (loading it, evicting others, if
-        needed); a 400 naming what it is unless its kind is one of `kinds` (what `task` needs)."""
+        """The worker of a model id from `resolve` once ready (`router.model_waits`); a 400 unless it can serve `task`."""
+        self.check_kind(model_id, kinds, task)
+        self.last_used[model_id] = time.time()
+        return await self.waits.until_ready(model_id)
+
+    def check_kind(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> None:
+        """A 400 unless `model_id` can serve `task`: checked before any wait or load."""
         entry = self.registry[model_id]
         if entry.kind not in kinds:
             wanted = " or ".join(kinds)
             raise RequestError(f"model '{model_id}' is a {entry.kind} model, not {_article(wanted)} {wanted} model; "
                                f"it cannot serve {task} (models that can: {', '.join(self.of_kinds(kinds)) or 'none'})",
                                param="model", code="wrong_model_kind")
-        self.last_used[model_id] = time.time()
-        supervisor = self.supervisors.get(model_id)
-        if supervisor is None or supervisor.state == "down":
-            try:
-                supervisor = await self.load(model_id)
-            except WorkerStartupError as exc:  # one fresh attempt per request, then a 503
-                raise WorkerDead(f"model '{model_id}' is unavailable: {exc}") from None
-        return supervisor
 
     # ------------------------------------------------------------ load / unload
 

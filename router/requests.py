@@ -19,8 +19,10 @@ from starlette.responses import Response
 
 from protocol.messages import FinishEvent, Ready
 from router.json_body import parse_json_body
+from router.pending_streams import PendingStream
 from router.pool import WorkerPool
 from router.profiles import Profile
+from router.supervisor import WorkerSupervisor
 from router.validation import ParsedRequest, bad, check_against_model
 from router.worker_client import RequestStream
 
@@ -59,21 +61,41 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     _check_num_messages(parsed, request.app.state.config.max_messages)
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
-    supervisor = await pool.acquire(model_id)
-    if supervisor.ready is not None:
-        check_against_model(parsed, supervisor.ready)
-        if dialect.bind is not None:
-            parsed = dialect.bind(parsed, supervisor.ready)
-    stream = supervisor.open_request(parsed.add)
-    stream.model = model_id
-    stream.route = request.url.path
-    stream.user_agent = request.headers.get("user-agent", "")
-    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received)
+    pool.check_kind(model_id)
+    supervisor = pool.waits.ready_now(model_id)
+    if supervisor is not None:
+        stream = _forward(request, dialect, parsed, model_id, supervisor, received)
+    else:  # the answer starts now, with its keep-alives, and the request waits for its model
+        stream = PendingStream(_forward_when_ready(request, dialect, parsed, model_id, received), parsed)
     try:
         return await dialect.respond(request, parsed, stream)
     except BaseException:
         stream.abort()  # no answer will read it: free its slot (a no-op once it finished)
         raise
+
+
+async def _forward_when_ready(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id: str,
+                              received: float) -> RequestStream:
+    supervisor = await request.app.state.pool.acquire(model_id)
+    return _forward(request, dialect, parsed, model_id, supervisor, received)
+
+
+def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id: str,
+             supervisor: WorkerSupervisor, received: float) -> RequestStream:
+    """Check the request against the model, bind it to its worker, and send it there."""
+    pool: WorkerPool = request.app.state.pool
+    pool.last_used[model_id] = time.time()
+    if supervisor.ready is not None:
+        check_against_model(parsed, supervisor.ready)
+        if dialect.bind is not None:
+            parsed = dialect.bind(parsed, supervisor.ready)
+    stream = supervisor.open_request(parsed.add)
+    stream.request = parsed
+    stream.model = model_id
+    stream.route = request.url.path
+    stream.user_agent = request.headers.get("user-agent", "")
+    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received)
+    return stream
 
 
 def _check_num_messages(parsed: ParsedRequest, max_messages: int) -> None:

@@ -1,7 +1,9 @@
 """While the service starts (the port opens before the pinned and command-line models
-are loaded), `/health` says `starting` and API requests wait for the start to finish
-rather than being refused: an agent launched at login with the service gets its answer,
-a bit later. Probes and `/admin/*` pass at once, so people and scripts can watch the load.
+are loaded), `/health` says `starting` and API requests are held until the pool takes
+requests (its kvstore is up): from there they wait for their model like any request
+(`router.model_waits`), with their route's keep-alives, rather than being refused. An agent
+launched at login with the service gets its answer, a bit later. Probes and `/admin/*`
+pass at once, so people and scripts can watch the load.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ OPEN_PATHS = frozenset({"/health", "/api/hello"})
 
 @dataclass
 class StartupState:
-    """Set once: `ready` when the start finished, with `error` when it failed."""
+    """Set once: `ready` when the start finished, with `error` when it failed; `accepting`
+    (the pool's) once requests can go on to wait for their models."""
 
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     error: str | None = None
-    timeout_s: float = 600.0  # longest a request waits for the start
+    timeout_s: float = 600.0  # longest a request is held before the pool takes requests
+    accepting: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def starting(self) -> bool:
@@ -34,6 +38,15 @@ class StartupState:
     def finish(self, error: str | None = None) -> None:
         self.error = error
         self.ready.set()
+
+    async def wait_accepting(self) -> None:
+        """Until requests can pass: the pool takes them, or the start ended."""
+        waiters = {asyncio.ensure_future(self.accepting.wait()), asyncio.ensure_future(self.ready.wait())}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
 
 class StartupGateMiddleware:
@@ -47,10 +60,10 @@ class StartupGateMiddleware:
             await self.app(scope, receive, send)
             return
         try:
-            await asyncio.wait_for(self.state.ready.wait(), self.state.timeout_s)
+            await asyncio.wait_for(self.state.wait_accepting(), self.state.timeout_s)
         except TimeoutError:
             pass
-        if self.state.ready.is_set() and self.state.error is None:
+        if self.state.error is None and (self.state.accepting.is_set() or self.state.ready.is_set()):
             await self.app(scope, receive, send)
             return
         message = (f"the service failed to start: {self.state.error}" if self.state.error is not None

@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -86,6 +87,7 @@ class RequestStream:
         self.first_token_at: float | None = None  # time.monotonic() of the first token
         self.num_first_tokens = 0  # how many came with it
         self.on_finish: Callable[[FinishEvent], None] | None = None
+        self.request: Any = None  # the API request it answers, bound to this worker (router.requests)
         self._events: collections.deque[Message] = collections.deque()
         self._failure: WorkerDead | None = None
         self._wakeup = asyncio.Event()

@@ -30,6 +30,7 @@ from protocol.messages import (
 )
 from router.api.anthropic_errors import stream_error_body
 from router.api.openai_answers import answer_whole
+from router.api.openai_tool_calls import answer_parser
 from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import (
     ArgumentsDelta,
@@ -38,8 +39,8 @@ from router.tool_calls import (
     Event,
     TextDelta,
     ToolCallParser,
-    make_parser,
 )
+from router.tool_calls.late_parser import LateParser
 from router.validation import ParsedRequest
 from router.worker_client import RequestStream
 
@@ -89,7 +90,7 @@ class ContentBlocks:
     that was started is stopped by `finish`; a tool_use block's `input` is an object.
     """
 
-    def __init__(self, parser: ToolCallParser | None) -> None:
+    def __init__(self, parser: ToolCallParser | LateParser | None) -> None:
         self._parser = parser  # None: no tools offered, all text is text
         self.content: list[dict[str, Any]] = []
         self._open: str | None = None  # type of the open block
@@ -174,10 +175,9 @@ def _input_object(arguments: str) -> dict[str, Any]:
     return value
 
 
-def _content_blocks(parsed: ParsedRequest) -> ContentBlocks:
+def _content_blocks(parsed: ParsedRequest, stream: RequestStream) -> ContentBlocks:
     tools = getattr(parsed, "tools", None)
-    parser = make_parser(tools, parsed.tool_dialect, parsed.add.request_id) if tools is not None else None
-    return ContentBlocks(parser)
+    return ContentBlocks(answer_parser(parsed, stream) if tools is not None else None)
 
 
 def stop_reason(finish: FinishEvent, blocks: ContentBlocks) -> tuple[str, str | None]:
@@ -199,7 +199,7 @@ async def respond(request: Request, parsed: ParsedRequest, stream: RequestStream
 
 
 async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
-    blocks = _content_blocks(parsed)
+    blocks = _content_blocks(parsed, stream)
     while True:
         event = await stream.next_event()
         if isinstance(event, TokenEvent) and event.text:
@@ -237,7 +237,7 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
     """The SSE body; a `ping` and a content keep-alive after every `keepalive_s` of
     silence (a long prefill)."""
     rid = parsed.add.request_id
-    blocks = _content_blocks(parsed)
+    blocks = _content_blocks(parsed, stream)
     timer = KeepAliveTimer(keepalive_s)
     prompt = first if isinstance(first, PromptEvent) else None
     start_usage = (usage_body(prompt.prompt_tokens, prompt.cached_tokens, 0, prompt.cache_creation_tokens,

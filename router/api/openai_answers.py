@@ -64,7 +64,7 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
             if logprobs is not None:
                 logprobs.add(event.logprobs)
         elif isinstance(event, FinishEvent):
-            text, tools = "".join(texts), tool_call_answer(parsed)
+            text, tools = "".join(texts), tool_call_answer(parsed, stream)
             content, tool_calls = tools.message(text) if tools is not None else (text, None)
             reason = tools.finish_reason(event.finish_reason) if tools is not None else event.finish_reason
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
@@ -161,7 +161,7 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
     """The SSE body: role chunk, content chunks, finish chunk, [usage chunk], [DONE]."""
     rid, model, kind, created = parsed.add.request_id, parsed.model, parsed.kind, int(time.time())
     include_usage = parsed.include_usage
-    tools = tool_call_answer(parsed)  # None: the text goes out as it comes
+    tools = tool_call_answer(parsed, stream)  # None: the text goes out as it comes
     logprobs = LogprobsFormatter.for_request(kind, parsed.add.sampling)  # None: not asked for
     timer = KeepAliveTimer(keepalive_s)
     if kind == "chat":

@@ -31,6 +31,7 @@ from router.tool_calls import (
     gather,
     make_parser,
 )
+from router.tool_calls.late_parser import LateParser
 from router.validation import ParsedRequest, bad, flag, short
 
 logger = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ class ToolCallAnswer:
     """One chat answer's text through the tool-call parser: OpenAI deltas while streaming
     (`feed`, `finish`), or the whole message (`message`), from the same parser."""
 
-    def __init__(self, parser: ToolCallParser) -> None:
+    def __init__(self, parser: ToolCallParser | LateParser) -> None:
         self._parser = parser
 
     @property
@@ -178,8 +179,18 @@ def _chunk_arguments(events: list[Event]) -> list[dict[str, Any]]:
     return out
 
 
-def tool_call_answer(parsed: ParsedRequest) -> ToolCallAnswer | None:
+def tool_call_answer(parsed: ParsedRequest, stream: Any) -> ToolCallAnswer | None:
     """The answer's tool-call handling, or None when the request offers no tools."""
     if not isinstance(parsed, ChatRequest) or parsed.tools is None:
         return None
-    return ToolCallAnswer(make_parser(parsed.tools, parsed.tool_dialect, parsed.add.request_id))
+    return ToolCallAnswer(answer_parser(parsed, stream))
+
+
+def answer_parser(parsed: ChatRequest, stream: Any) -> LateParser:
+    """The tool-call parser of one answer to `parsed` (which offers tools), made at the
+    answer's first text in the dialect of the worker the request went to: `stream.request`
+    is the request as `bind` bound it there. A request that waited for its model started
+    its answer before that worker was known (`router.pending_streams`)."""
+    tools, label = parsed.tools, parsed.add.request_id
+    assert tools is not None
+    return LateParser(lambda: make_parser(tools, stream.request.tool_dialect, label))

@@ -22,10 +22,11 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import ErrorEvent, FinishEvent, TokenEvent, Usage
 from router.api.openai_answers import answer_whole
-from router.api.openai_tool_calls import ChatRequest
+from router.api.openai_tool_calls import ChatRequest, answer_parser
 from router.api.response_store import ResponseStore, StoredResponse
 from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
-from router.tool_calls import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta, ToolCallParser, make_parser
+from router.tool_calls import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta, ToolCallParser
+from router.tool_calls.late_parser import LateParser
 from router.validation import ParsedRequest
 from router.worker_client import RequestStream
 
@@ -72,7 +73,7 @@ class OutputAssembler:
     clients that read the first message's text always find one.
     """
 
-    def __init__(self, parsed: ResponsesRequest, parser: ToolCallParser | None) -> None:
+    def __init__(self, parsed: ResponsesRequest, parser: ToolCallParser | LateParser | None) -> None:
         self._parsed = parsed
         self._parser = parser  # None: no tools, all text is message text
         self.created_at = int(time.time())
@@ -221,10 +222,9 @@ class OutputAssembler:
         return [message]
 
 
-def _assembler(parsed: ParsedRequest) -> OutputAssembler:
+def _assembler(parsed: ParsedRequest, stream: RequestStream) -> OutputAssembler:
     assert isinstance(parsed, ResponsesRequest)
-    parser = make_parser(parsed.tools, parsed.tool_dialect, parsed.add.request_id) if parsed.tools else None
-    return OutputAssembler(parsed, parser)
+    return OutputAssembler(parsed, answer_parser(parsed, stream) if parsed.tools else None)
 
 
 def _remember(store: ResponseStore, parsed: ResponsesRequest, answer: OutputAssembler) -> None:
@@ -245,7 +245,7 @@ async def respond(request: Request, parsed: ParsedRequest, stream: RequestStream
 
 async def _collect(parsed: ParsedRequest, stream: RequestStream, *, store: ResponseStore) -> Response:
     assert isinstance(parsed, ResponsesRequest)
-    answer = _assembler(parsed)
+    answer = _assembler(parsed, stream)
     while True:
         event = await stream.next_event()
         if isinstance(event, TokenEvent) and event.text:
@@ -266,7 +266,7 @@ async def _events(parsed: ResponsesRequest, stream: RequestStream, store: Respon
                   keepalive_s: float) -> AsyncIterator[bytes]:
     """The SSE body. `response.created` goes out at once, before the prefill (a client
     shows the turn has started); `response.in_progress` again while the worker is silent."""
-    answer = _assembler(parsed)
+    answer = _assembler(parsed, stream)
     timer = KeepAliveTimer(keepalive_s)
     for event in answer.start():
         yield sse_event(event)

@@ -1,7 +1,6 @@
 """Paths that were only tested on a fake worker or a toy app, against the real service:
-requests sent while a worker restarts get a prompt 503 / Retry-After (529 on Anthropic's
-route), never a hang, and streams get keep-alives during a prefill longer than the
-interval, on every dialect."""
+requests sent while a worker restarts wait for it and are served, never refused or hung,
+and streams get keep-alives during a prefill longer than the interval, on every dialect."""
 
 from __future__ import annotations
 
@@ -77,7 +76,7 @@ def test_a_padded_anthropic_answer_parses_in_the_sdk(svc: Service, model: str) -
     assert message.type == "message" and message.usage.input_tokens > 700
 
 
-def test_requests_during_a_worker_restart_get_503_then_it_serves(svc: Service, model: str) -> None:
+def test_requests_during_a_worker_restart_wait_and_are_served(svc: Service, model: str) -> None:
     restart = threading.Thread(target=lambda: httpx.post(f"{svc.base_url}/admin/workers/{model}/restart",
                                                          timeout=120))
     restart.start()
@@ -86,17 +85,11 @@ def test_requests_during_a_worker_restart_get_503_then_it_serves(svc: Service, m
         assert time.monotonic() < deadline, "the worker never left ready"
         time.sleep(0.01)
     chat_body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}
-    started = time.monotonic()
-    openai_answer = httpx.post(f"{svc.base_url}/v1/chat/completions", json=chat_body, timeout=60)
-    anthropic_answer = httpx.post(f"{svc.base_url}/v1/messages", json=chat_body, timeout=60)
-    elapsed = time.monotonic() - started
+    openai_answer = httpx.post(f"{svc.base_url}/v1/chat/completions", json=chat_body, timeout=120)
+    anthropic_answer = httpx.post(f"{svc.base_url}/v1/messages", json=chat_body, timeout=120)
     restart.join(120)
-    if svc.health()["workers"][model]["state"] == "ready" and openai_answer.status_code == 200:
-        pytest.fail("the restart finished before the requests arrived: nothing was tested")
-    assert openai_answer.status_code == 503 and openai_answer.headers["retry-after"], openai_answer.text
-    assert openai_answer.json()["error"]["code"] == "worker_unavailable"
-    assert anthropic_answer.status_code == 529 and anthropic_answer.json()["error"]["type"] == "overloaded_error"
-    assert elapsed < 10, "a request during a restart must be refused at once, not held"
-    svc.wait_ready(120)
-    served = httpx.post(f"{svc.base_url}/v1/chat/completions", json=chat_body, timeout=60)
-    assert served.status_code == 200, served.text
+    assert openai_answer.status_code == 200 and openai_answer.json()["object"] == "chat.completion", openai_answer.text
+    assert anthropic_answer.status_code == 200 and anthropic_answer.json()["type"] == "message", anthropic_answer.text
+    # the first waited through the restart: its body was padded (keep-alive 0.05 s here)
+    assert openai_answer.content.startswith(b" "), openai_answer.content[:80]
+    assert svc.health()["workers"][model]["restarts"] >= 1

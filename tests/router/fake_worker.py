@@ -4,7 +4,8 @@ Run as `python fake_worker.py --connect ADDR --identity ID`. It answers every re
 with the words of FAKE_REPLY, one TokenEvent each. Behaviour switches:
 - env FAKE_WORKER_START: "fail" (StartupFailed), "die" (exit 7 before READY),
   "old_protocol" (Hello with a wrong version), "slow" (READY after 30 s); or the
-  content of the file named by FAKE_WORKER_START_FILE, read at each start
+  content of the file named by FAKE_WORKER_START_FILE, read at each start; env
+  FAKE_WORKER_LOAD_S: seconds before READY
 - the last message / prompt text: "CRASH" (exit mid-stream), "HANG" (stop answering
   anything, pings included), "TOOLONG" (ErrorEvent 400), "SLOW" (first token after
   FAKE_WORKER_SLOW_S seconds), "STOP" (finish_reason "length" after 2 tokens), "TOOLCALL"
@@ -78,6 +79,7 @@ def main() -> int:
     config, _ = decode(sock.recv_multipart())
     assert isinstance(config, WorkerConfig), config
     print(f"fake worker {args.identity} loading {config.model_path}", flush=True)
+    time.sleep(float(os.environ.get("FAKE_WORKER_LOAD_S", "0")))  # a load that takes a while (then the mode)
     if start_mode == "die":
         print("fake worker: about to die before READY", flush=True)
         return 7

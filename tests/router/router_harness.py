@@ -49,13 +49,17 @@ class RunningRouter:
 
 
 def start_router(model_dir: Path, monkeypatch: pytest.MonkeyPatch, worker_env: dict[str, str] | None = None,
-                 **overrides: Any) -> Iterator[RunningRouter]:
+                 preload: bool = True, **overrides: Any) -> Iterator[RunningRouter]:
+    """A router serving the fake model: loaded at start, or (`preload` False) registered as
+    a command-line model is and loaded by its first request."""
     for key, value in (worker_env or {}).items():
         monkeypatch.setenv(key, value)
     # a home of its own: the router discovers models in HOME/models, and the user's
     # ~/.mlxd must not leak into these tests
     config = make_config({**FAST, "home": model_dir.parent / "home", **overrides})
     pool = WorkerPool(config, {MODEL_ID: model_dir}, worker_command=FAKE_WORKER)
+    if not preload:
+        pool.preload.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
