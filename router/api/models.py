@@ -25,6 +25,8 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
                              "pinned": model_id in pool.pinned}
     if profile is not None:
         extra["profile_of"] = model_id
+    elif name != model_id:
+        extra["alias_of"] = model_id  # which model answers this name (model_aliases, a model's aliases)
     kind = pool.registry[model_id].kind
     if kind != "chat":  # what /v1/rerank runs on it
         extra["rerank_method"] = rerank_method(kind)

@@ -53,7 +53,8 @@ def test_an_unloaded_model_reports_the_window_of_its_files(plain: RunningRouter)
     assert "context_length" not in cards["all-MiniLM-L6-v2"] and "max_output_tokens" not in cards["all-MiniLM-L6-v2"]
     with plain.client() as client:
         alias = client.get("/v1/models/claude-some-name").json()  # the default model_aliases
-    assert alias["id"] == "claude-some-name" and alias["context_length"] == 2048 and "default" not in alias
+    assert alias["id"] == "claude-some-name" and alias["alias_of"] == MODEL_ID and "default" not in alias
+    assert alias["context_length"] == 2048
 
 
 def test_caps_from_settings_profiles_and_model_tables(capped: RunningRouter) -> None:
