@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "agents"
 CLAUDE_PKG = "@anthropic-ai/claude-code"
 CODEX_PKG = "@openai/codex"
+OPENCODE_PKG = "opencode-ai"
 # Pinned so runs are comparable; override with --claude-version / --codex-version.
 CLAUDE_VERSION = "2.1.197"
 CODEX_VERSION = "0.171.0"
@@ -109,15 +110,15 @@ def ensure_clis(prefix: Path, wanted: dict[str, str]) -> dict[str, Path]:
                               capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise Missing(f"npm install failed ({done.returncode}): {done.stderr.strip()[-1500:]}")
-    bins = {"claude": prefix / "node_modules" / ".bin" / "claude",
-            "codex": prefix / "node_modules" / ".bin" / "codex"}
-    if CLAUDE_PKG in wanted and not _cli_version(bins["claude"]):
-        # claude's bin is a placeholder until its postinstall copies the native binary in;
-        # npm setups that skip install scripts leave the placeholder: run it by hand.
-        pkg_dir = prefix / "node_modules" / CLAUDE_PKG
-        subprocess.run(["node", "install.cjs"], check=False, cwd=pkg_dir, capture_output=True, timeout=300,
-                       stdin=subprocess.DEVNULL)
-    for name, pkg in (("claude", CLAUDE_PKG), ("codex", CODEX_PKG)):
+    clis = {"claude": CLAUDE_PKG, "codex": CODEX_PKG, "opencode": OPENCODE_PKG}
+    bins = {name: prefix / "node_modules" / ".bin" / name for name in clis}
+    for name, script in (("claude", "install.cjs"), ("opencode", "postinstall.mjs")):
+        if clis[name] in wanted and not _cli_version(bins[name]):
+            # the bin is a placeholder until the package's install script copies the native
+            # binary in; npm setups that skip install scripts leave the placeholder: run it by hand.
+            subprocess.run(["node", script], check=False, cwd=prefix / "node_modules" / clis[name],
+                           capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    for name, pkg in clis.items():
         if pkg in wanted and not _cli_version(bins[name]):
             raise Missing(f"{bins[name]} does not run (`--version` failed); reinstall with "
                           f"`rm -rf {prefix}` and run again")

@@ -1,5 +1,7 @@
 """The `mlxd` command: `serve` (the router process), `config show`, `convert` (GGUF -> MLX),
-`pull` (fetch a model mlxd knows by name, a Hugging Face repo or a GGUF URL), `models list`, `rm`.
+`pull` (fetch a model mlxd knows by name, a Hugging Face repo or a GGUF URL), `models list`, `rm`,
+`launch` (an agent against the service: router/launch_cli.py), and the shell commands
+around a running service.
 
 `serve` flags are generated from `RouterConfig`'s fields, so every setting is a flag
 with its one line of why as help text; the same names are the config file's keys.
@@ -25,6 +27,8 @@ from protocol.errors import RequestError
 from protocol.locks import FileLock, LockHeld, try_lock
 from router import (
     cache_cli,
+    launch_cli,
+    launch_clients,
     log_files,
     logs_cli,
     models_cli,
@@ -264,12 +268,36 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--model", dest="model_name", metavar="NAME",
                       help="only the worker of this model (its id, as /v1/models lists it)")
     _add_setting_flags(logs, only=("config", "home", "log_dir"))
+    launch = commands.add_parser(
+        "launch",
+        help="run Claude Code, Codex or OpenCode against this home's service (starting it if none runs)",
+        description="Run the installed client against the service of this home (found as `mlxd status` finds "
+                    "it; if none runs, `mlxd serve` is started in the background with these flags, and waited "
+                    "for) with the base URL, a key, the model, the model's context window (so the client compacts "
+                    "before the service must refuse a prompt) and the client's own traffic elsewhere switched "
+                    "off. Prints each setting on stderr, then runs the client with ARGS; exits with its code.",
+    )
+    launch.add_argument("client", choices=launch_clients.CLIENTS, metavar="claude|codex|opencode",
+                        help="which client")
+    launch.add_argument("client_args", nargs="*", metavar="-- ARGS",
+                        help="arguments for the client, after `--` (e.g. -- -p \"Say hello.\")")
+    launch.add_argument("--model", dest="launch_model", metavar="NAME", default=None,
+                        help="the served model, profile or alias the client uses (default: the service's default "
+                             "model; Claude Code then asks for claude-mlxd, which model_aliases sends there); a "
+                             "service started by launch serves this model")
+    launch.add_argument("--client-path", dest="client_path", metavar="PATH", default=None,
+                        help="the client's executable (default: the first on PATH)")
+    launch.add_argument("--print", "--dry-run", dest="print_only", action="store_true",
+                        help="print the settings and the command on stdout instead of running the client")
+    _add_setting_flags(launch, only=("config", "home", "host", "port", "api_key", "api_key_file", "admin_key",
+                                     "model_dir", "log_dir"))
     return parser
 
 
 # the parser's own arguments, not settings
 NOT_SETTINGS = ("command", "config_command", "name", "models_command", "yes", "file", "save_as", "sha256", "action", "dry_run", "platform", "follow", "lines", "as_json",
-                "cache_action", "cache_model", "role", "model_name", "wait", "timeout", "watch", "interval", "count")
+                "cache_action", "cache_model", "role", "model_name", "wait", "timeout", "watch", "interval", "count",
+                "client", "client_args", "launch_model", "client_path", "print_only")
 
 
 def given_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -477,9 +505,22 @@ def pull(config: RouterConfig, name: str) -> int:
     return 0
 
 
+def split_client_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`mlxd launch CLIENT [flags] -- ARGS`: (mlxd's arguments, the client's). argparse would
+    read the client's options (`-p`, `--model`) as its own, so they are cut off first."""
+    argv = list(argv)
+    if argv[:1] == ["launch"] and "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    own, client_args = split_client_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    if args.command == "launch":
+        args.client_args = [*args.client_args, *client_args]
     if args.command == "convert":
         return convert(args.src, args.dest, args.dtype)
     command = "config show" if args.command == "config" else args.command
@@ -512,6 +553,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return wait_cli.wait_command(loaded.config, args.timeout)
     if args.command == "logs":
         return logs_cli.logs_command(loaded.config, args.role, args.model_name, args.lines, args.follow)
+    if args.command == "launch":
+        return launch_cli.launch_command(loaded.config, given_flags(args), args.client, args.client_args,
+                                         args.launch_model, args.client_path, args.print_only)
     if args.command == "cache":
         return cache_cli.cache_command(loaded.config, args.cache_action, args.cache_model, args.as_json)
     return serve(loaded.config, given_flags(args))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.context_window import declared_context_length
 from protocol.served_quantization import served_quantized
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,9 @@ class ModelEntry:
     path: Path  # an MLX model directory, or a .gguf file converted on first use
     kind: str  # "chat" | "embedding" | "reranker"
     weights_bytes: int  # estimated resident weights once loaded (fp32 on a CPU backend)
+    # the window its config.json declares (a chat model's, before any worker loads it); None
+    # until there is a config.json to read (a .gguf not converted yet, a model not fetched)
+    context_length: int | None = None
 
     @property
     def needs_conversion(self) -> bool:
@@ -119,7 +123,9 @@ def _entry_for_dir(model_id: str, path: Path, dequantize_all: bool = False) -> M
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    return ModelEntry(model_id, path, model_kind(config, path), estimate_weights_bytes(path, config, dequantize_all))
+    kind = model_kind(config, path)
+    return ModelEntry(model_id, path, kind, estimate_weights_bytes(path, config, dequantize_all),
+                      declared_context_length(config) if kind == "chat" else None)
 
 
 # a provisionable model's estimate before its files exist (all-MiniLM-L6-v2 serves ~90 MB)

@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
+from protocol.context_window import served_context_length
 from protocol.errors import RequestError
 from protocol.settings import WorkerSettings
 from protocol.messages import (
@@ -69,8 +70,7 @@ class Engine:
         self._emit = emit
         self._tokenizer = loaded.tokenizer
         self._vocab_size = int(loaded.config.get("vocab_size") or len(self._tokenizer))
-        self.context_length = (min(loaded.context_length, settings.max_context_tokens)
-                               if settings.max_context_tokens > 0 else loaded.context_length)
+        self.context_length = served_context_length(loaded.context_length, settings.max_context_tokens)
         self.eos_token_ids = sorted(int(t) for t in self._tokenizer.eos_token_ids)
         self.vocab_size = self._vocab_size
         self.max_token_chars = longest_token_chars(self._tokenizer)

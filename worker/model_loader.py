@@ -21,6 +21,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 
+from protocol.context_window import declared_context_length
 from worker.cpu_kernels import install as install_cpu_kernels
 from worker.cpu_kernels import serves_quantized, tile_quantized_weights
 from worker.fused_projections import fuse_sibling_projections
@@ -183,12 +184,7 @@ def load_for_serving(path: str | Path, dtype: str = "auto", fuse_projections: bo
                  "gate/up groups fused)", quantization, tiled, fused)
     mx.eval(model.parameters())
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    context = int(
-        config.get("max_position_embeddings")
-        or config.get("max_seq_len")
-        or config.get("n_positions")
-        or 4096
-    )
+    context = declared_context_length(config)
     if effective == "native":
         params = tree_flatten(model.parameters())
         effective = str(params[0][1].dtype).removeprefix("mlx.core.") if params else "unknown"

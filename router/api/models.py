@@ -9,11 +9,13 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.context_window import served_context_length
 from protocol.errors import RequestError
 from router.api import anthropic_errors
 from router.api.openai_format import model_card
 from router.encoder_requests import rerank_method
 from router.pool import WorkerPool
+from router.profiles import Profile
 
 
 def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
@@ -23,6 +25,8 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
                              "pinned": model_id in pool.pinned}
     if profile is not None:
         extra["profile_of"] = model_id
+    elif name != model_id:
+        extra["alias_of"] = model_id  # which model answers this name (model_aliases, a model's aliases)
     kind = pool.registry[model_id].kind
     if kind != "chat":  # what /v1/rerank runs on it
         extra["rerank_method"] = rerank_method(kind)
@@ -30,7 +34,28 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
         extra["context_length"] = supervisor.ready.context_length
         if supervisor.ready.dimensions:
             extra["dimensions"] = supervisor.ready.dimensions
+    if kind == "chat":
+        extra.update(_chat_limits(pool, model_id, profile, extra.get("context_length")))
+        if name == model_id and model_id == pool.default_model:
+            extra["default"] = True  # what `claude-*` names reach (model_aliases' "<default>")
     return model_card(name, pool.created, **extra)
+
+
+def _chat_limits(pool: WorkerPool, model_id: str, profile: Profile | None, loaded: int | None) -> dict[str, int]:
+    """The window and output cap a request under this name gets, also before the model is
+    loaded (its window read from its config.json, as the worker will read it), so an agent
+    can be told them without loading anything (`mlxd launch`)."""
+    limits: dict[str, int] = {}
+    declared = pool.registry[model_id].context_length
+    window = loaded if loaded is not None else (
+        served_context_length(declared, pool.config.worker.max_context_tokens) if declared else None)
+    if window is not None and profile is not None and profile.context_limit is not None:
+        window = min(window, profile.context_limit)
+    if window is not None:
+        limits["context_length"] = window
+    cap = pool.config.output_cap_for(model_id, profile)
+    limits["max_output_tokens"] = min(pool.config.worker.max_output_tokens, cap or pool.config.worker.max_output_tokens)
+    return limits
 
 
 def _anthropic_card(pool: WorkerPool, name: str) -> dict[str, Any]:
