@@ -321,6 +321,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
         cache_salt=cache_salt,
         context_limit=limit,
         continue_final_message=bool(prefill),
+        prompt_layout=profile.prompt_layout if profile is not None else None,
     )
     return MessagesRequest("chat", model_name(body), add, stream, False, limit, tools=tool_request, prefill=prefill)
 
