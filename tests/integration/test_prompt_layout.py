@@ -84,4 +84,6 @@ def test_the_layout_in_use_is_reported(service: Service) -> None:
     cards = {card["id"]: card for card in httpx.get(f"{service.base_url}/v1/models", timeout=10).json()["data"]}
     assert cards[MODEL]["prompt_layout"] == "stable_first"
     assert cards[TEMPLATE_PROFILE]["prompt_layout"] == "template"
+    status = httpx.get(f"{service.base_url}/admin/status", timeout=10).json()
+    assert [m["prompt_layout"] for m in status["models"] if m["id"] == MODEL] == ["stable_first"]
     assert "prompts with tools laid out stable_first" in service.log_text()

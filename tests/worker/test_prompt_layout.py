@@ -17,7 +17,7 @@ import transformers
 from protocol.settings import TEMPLATE_LAYOUT
 from protocol.tool_dialects import LLAMA3_JSON
 from tests.worker import chat_templates
-from worker.prompt_layout import ToolsBlock, find_tools_block, tools_first
+from worker.prompt_layout import ToolsBlock, find_tools_block, special_token_texts, tools_first
 from worker.prompts import render_chat, tools_go_first
 from worker.tool_prompt import detect_tool_dialect, fallback_tools_text
 
@@ -191,6 +191,14 @@ def test_a_template_with_tools_in_the_user_turn_renders_as_the_template(smollm2:
 def test_which_models_get_tools_first(qwen: Any, smollm2: Any) -> None:
     assert tools_go_first(qwen)  # Hermes template, tools after the system text
     assert tools_go_first(smollm2)  # mlxd's fallback dialect
+
+
+def test_the_turn_markers_are_special_and_the_call_markup_is_not(qwen: Any) -> None:
+    """The tools block holds `<tool_call>` (an added token, not a special one): it may move;
+    a block holding `<|im_end|>` may not."""
+    texts = special_token_texts(qwen)
+    assert {"<|im_start|>", "<|im_end|>"} <= set(texts)
+    assert "<tool_call>" not in texts
 
 
 def test_the_qwen_template_of_the_tests_is_recognised(smollm2: Any) -> None:
