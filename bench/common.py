@@ -33,9 +33,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "bench"
 LOG_DIR = CACHE_DIR / "logs"
-# The interpreter running the benchmark is the project's venv: its mlxd and mlx_lm.
+# The interpreter running the benchmark is the project's venv: its mlx_lm, and this
+# checkout's mlxd (`python -m router` from REPO: the venv's `mlxd` script runs whichever
+# checkout was installed, which an editable install of another worktree is not).
 PYTHON = sys.executable
-MLXD = str(Path(sys.executable).parent / "mlxd")
+MLXD = [PYTHON, "-m", "router"]
 # Same BLAS for mlxd (the worker binds it itself), the peer (LD_PRELOAD) and the
 # in-process baseline (RTLD_GLOBAL before importing mlx): we compare servers, not setups.
 BLIS_PATH = "/usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3"
@@ -325,7 +327,7 @@ def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens:
     keep_home = home is not None
     home = home if home is not None else Path(tempfile.mkdtemp(prefix="mlxd-bench-"))
     command = [
-        MLXD, "serve", "--port", str(port), "--model", str(model_dir), "--home", str(home),
+        *MLXD, "serve", "--port", str(port), "--model", str(model_dir), "--home", str(home),
         "--max-num-seqs", str(max_num_seqs), "--prefill-chunk-tokens", str(prefill_chunk_tokens),
         *(extra_args or []),
     ]

@@ -21,9 +21,10 @@ BENCH_DIR = Path(__file__).resolve().parent
 # agent_clients.py and claude_code_compaction.py drive the real Claude Code and Codex CLIs
 # against a service you started (opt-in); engine.py builds llama.cpp on first use and runs
 # four servers on two models, far longer than the others (opt-in too); dashboard_screenshot.py
-# is no benchmark: it draws the README's picture of the dashboard
+# is no benchmark: it draws the README's picture of the dashboard; tool_calls.py answers 100+
+# turns twice on two Qwen models (opt-in: about half an hour on an idle 2-core machine)
 NOT_SCENARIOS = {"run_all.py", "common.py", "agent_clients.py", "claude_code_compaction.py", "engine.py",
-                 "dashboard_screenshot.py"}
+                 "dashboard_screenshot.py", "tool_calls.py"}
 
 
 def scenarios() -> list[Path]:

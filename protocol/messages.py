@@ -80,6 +80,9 @@ class Ready(Message):
     # how the model calls tools (protocol.tool_dialects), detected from its chat template:
     # the router parses answers and builds forced-call grammars in it
     tool_dialect: str = MLXD
+    # the chat template (or mlxd's fallback dialect) writes tools after the system text in
+    # the system turn, so the stable_first layout moves them first (protocol.settings.layout_in_effect)
+    tools_first: bool = False
     kind: str = "chat"  # chat | embedding | reranker
     dimensions: int = 0  # an embedding model's vector size
 
@@ -207,6 +210,8 @@ class AddRequest(Message):
     continue_final_message: bool = False
     # prefixes the client asked to keep cached (Anthropic `cache_control`), at most 4
     cache_breakpoints: list[CacheBreakpoint] = field(default_factory=list)
+    # the profile's prompt layout (protocol.settings.PROMPT_LAYOUTS); None: the worker's setting
+    prompt_layout: str | None = None
 
 
 @dataclass

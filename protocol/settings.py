@@ -15,6 +15,17 @@ from typing import Any
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 COMPRESSIONS = ("lz4", "none")
+# how a chat prompt is laid out (worker/prompt_layout.py): what is stable across sessions
+# first (tool definitions before the system text), or exactly as the chat template renders
+STABLE_FIRST = "stable_first"
+TEMPLATE_LAYOUT = "template"
+PROMPT_LAYOUTS = (STABLE_FIRST, TEMPLATE_LAYOUT)
+
+
+def layout_in_effect(requested: str, tools_first: bool) -> str:
+    """The layout a request with tools and a system text gets: `requested`, where the model's
+    template lets tools go first (`Ready.tools_first`), else the template's own."""
+    return STABLE_FIRST if requested == STABLE_FIRST and tools_first else TEMPLATE_LAYOUT
 
 
 def setting(default: Any, why: str, **extra: Any) -> Any:
@@ -77,6 +88,11 @@ class WorkerSettings:
     breakpoint_pin_share: float = setting(
         0.5, "most of a worker's hot tier that clients' cache breakpoints (Anthropic cache_control) may pin, "
         "0-1; beyond it the least recently used breakpoints lapse early, so pins never crowd out new blocks")
+    prompt_layout: str = setting(
+        STABLE_FIRST,
+        "stable_first: tool definitions before the system text where the chat template puts both in the system "
+        "turn, so a session in another project (another system text, the same tools) reuses the tools from the "
+        "prefix cache; template: exactly as the chat template renders", choices=PROMPT_LAYOUTS)
     mlx_cache_mb: int = setting(
         256, "freed MLX buffers a worker keeps for reuse (MB); beyond this they go back to the system, and all go "
         "back whenever the worker falls idle, so a worker's RSS follows what it holds live")

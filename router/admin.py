@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError
+from protocol.settings import layout_in_effect
 from router.pool import WorkerPool
 from router.reload import Reloader, ReloadRefused
 from router.worker_client import RequestStream
@@ -81,6 +82,9 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
         "mlx_memory": {key: worker_stats.get(f"mlx_{key}_bytes", 0) for key in ("active", "cache", "peak")},
         "hot_tier": hot_tier,
         "hot_cache": hot_tier,  # the old name, kept until 0.2 (README: Admin status)
+        # how chat prompts with tools are laid out (README: Prompt layout); None until loaded
+        "prompt_layout": (layout_in_effect(pool.config.worker.prompt_layout, supervisor.ready.tools_first)
+                          if supervisor and supervisor.ready and supervisor.ready.kind == "chat" else None),
     }
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from protocol.errors import RequestError
+from protocol.settings import PROMPT_LAYOUTS
 from router.config_values import ConfigError, normalize_fields, quote_key, setting
 from router.validation import parse_sampling
 
@@ -65,6 +66,9 @@ class Profile:
     system_prompt: str | None = setting(
         None, "system message put first in chat requests that have none (ignored by /v1/completions)"
     )
+    prompt_layout: str | None = setting(
+        None, "stable_first or template: how this profile's chat prompts with tools are laid out (default: the "
+        "service's prompt_layout)")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
@@ -87,6 +91,9 @@ def check_profile(name: str, profile: Profile) -> None:
     if not model or not label or ":" in label:
         raise ConfigError(where, 'must be named "MODEL:PROFILE" (exactly one colon, both parts non-empty)')
     check_model_name(where, model)
+    if profile.prompt_layout is not None and profile.prompt_layout not in PROMPT_LAYOUTS:
+        raise ConfigError(f"{where}.prompt_layout", f"must be one of {', '.join(PROMPT_LAYOUTS)}, "
+                          f"got {profile.prompt_layout!r}")
     body: dict[str, Any] = {k: v for k, v in dataclasses.asdict(profile).items() if v is not None}
     if profile.stop is not None:
         body["stop"] = list(profile.stop)

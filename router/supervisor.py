@@ -22,6 +22,7 @@ from protocol.messages import (
     Ready,
     WorkerConfig,
 )
+from protocol.settings import layout_in_effect
 from router.child_supervisor import ChildStartupError, ChildSupervisor
 from router.config import RouterConfig
 from router.worker_client import RequestStream, StreamRequest, WorkerClient
@@ -88,6 +89,9 @@ class WorkerSupervisor(ChildSupervisor):
             info["quantization"] = self.ready.quantization
             info["weights_bytes"] = self.ready.weights_bytes
             info["kind"] = self.ready.kind
+            if self.ready.kind == "chat":
+                info["tool_dialect"] = self.ready.tool_dialect
+                info["prompt_layout"] = layout_in_effect(self.config.worker.prompt_layout, self.ready.tools_first)
             if self.ready.dimensions:
                 info["dimensions"] = self.ready.dimensions
         if self.identity is not None:

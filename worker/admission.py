@@ -93,11 +93,18 @@ class Admitter:
         check_prompt_cap(request, len(ids), self._config.max_prompt_tokens)
         return ids
 
+    def layout(self, request: AddRequest) -> str:
+        """The prompt layout this request renders in: its profile's, else the worker's.
+        Every rendering of one request (its prompt, the start of its conversation for a
+        breakpoint or a miss reason) must use the same, or their tokens disagree."""
+        return request.prompt_layout or self._config.prompt_layout
+
     def rendered_ids(self, request: AddRequest) -> list[int]:
         """The request's prompt as token ids, however long: what `prompt_ids` admits, and
         what a token count reports (a count never refuses a prompt for its length)."""
         if request.messages is not None:
-            ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message)
+            ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message,
+                              layout=self.layout(request))
         elif request.prompt is not None:
             ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
         else:
@@ -130,7 +137,7 @@ class Admitter:
         trace = self._prefix_cache.seen.trace(prompt_ids, request.cache_salt, refresh=refresh)
         if trace.divergence is None:
             return None
-        return locate(self._tokenizer, request, prompt_ids, trace.divergence.token)
+        return locate(self._tokenizer, request, prompt_ids, trace.divergence.token, self.layout(request))
 
     def misses(self, request: AddRequest, prompt_ids: list[int], cached_tokens: int, cold_tokens: int,
                located: Divergence | None, refresh: bool = True) -> CacheMisses | None:
@@ -151,7 +158,7 @@ class Admitter:
         if not request.cache_breakpoints or request.messages is None or not self._prefix_cache.enabled:
             return []
         def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-            return render_chat(self._tokenizer, messages, tools, generation_prompt=False)
+            return render_chat(self._tokenizer, messages, tools, generation_prompt=False, layout=self.layout(request))
 
         return breakpoint_positions(render,
                                     request.messages, request.tools, request.cache_breakpoints, prompt_ids,

@@ -39,7 +39,9 @@ from protocol.messages import (
     StartupFailed,
     WorkerConfig,
 )
+from protocol.settings import layout_in_effect
 from protocol.sockets import make_socket
+from worker.prompts import tools_go_first
 from worker.tool_prompt import detect_tool_dialect, template_source
 
 if TYPE_CHECKING:
@@ -216,7 +218,9 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     _pin_snapshots(prefix_cache)
     engine = Engine(loaded, settings, channel.send, prefix_cache, flush=channel.flush)
     tool_dialect = detect_tool_dialect(template_source(loaded.tokenizer))
-    log.info("tool calls in the %s dialect (from the chat template)", tool_dialect)
+    tools_first = tools_go_first(loaded.tokenizer)
+    log.info("tool calls in the %s dialect (from the chat template); prompts with tools laid out %s", tool_dialect,
+             layout_in_effect(settings.prompt_layout, tools_first))
     channel.send(Ready(
         protocol_version=PROTOCOL_VERSION,
         model_id=config.model_id,
@@ -236,6 +240,7 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
         vocab_size=engine.vocab_size,
         max_token_chars=engine.max_token_chars,
         tool_dialect=tool_dialect,
+        tools_first=tools_first,
     ))
     preparer = PromptPreparer(engine.prepare, count=engine.count_tokens)
     try:

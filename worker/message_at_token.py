@@ -14,6 +14,7 @@ from typing import Any
 
 from protocol.cache_misses import Divergence
 from protocol.messages import AddRequest
+from protocol.settings import STABLE_FIRST
 from worker.prompts import render_chat_text
 
 log = logging.getLogger(__name__)
@@ -45,35 +46,36 @@ def char_offset(tokenizer: Any, text: str, prompt_ids: Sequence[int], token: int
     return int(encoded["offset_mapping"][token][0])
 
 
-def locate(tokenizer: Any, request: AddRequest, prompt_ids: Sequence[int], token: int) -> Divergence:
+def locate(tokenizer: Any, request: AddRequest, prompt_ids: Sequence[int], token: int,
+           layout: str = STABLE_FIRST) -> Divergence:
     """The message (and its field) that renders prompt token `token` of `request`'s chat
     prompt; only the token when the prompt has no messages or the template will not
     render the conversation's starts (then the search cannot run)."""
     if request.messages is None or not 0 <= token < len(prompt_ids):
         return Divergence(token)
     try:
-        return _locate(tokenizer, request, prompt_ids, token)
+        return _locate(tokenizer, request, prompt_ids, token, layout)
     except Exception as exc:  # a template that rejects a part of a conversation it takes whole
         log.debug("could not tell which message renders token %d: %r", token, exc)
         return Divergence(token)
 
 
-def _locate(tokenizer: Any, request: AddRequest, prompt_ids: Sequence[int], token: int) -> Divergence:
+def _locate(tokenizer: Any, request: AddRequest, prompt_ids: Sequence[int], token: int, layout: str) -> Divergence:
     messages, tools = request.messages or [], request.tools
-    text = render_chat_text(tokenizer, messages, tools, request.continue_final_message)
+    text = render_chat_text(tokenizer, messages, tools, request.continue_final_message, layout=layout)
     at = char_offset(tokenizer, text, prompt_ids, token)
 
     def reach(start: list[dict[str, Any]], with_tools: bool = True) -> int:
         """How far the rendered start of the conversation agrees with the whole text."""
         return common_prefix_chars(render_chat_text(tokenizer, start, tools if with_tools else None,
-                                                    generation_prompt=False), text)
+                                                    generation_prompt=False, layout=layout), text)
 
     index = _first(len(messages), lambda k: reach(messages[: k + 1]) > at)
     if index is None:
         return Divergence(token, None, None, "generation_prompt")
     message = messages[index]
     if tools:
-        without = render_chat_text(tokenizer, messages, None, request.continue_final_message)
+        without = render_chat_text(tokenizer, messages, None, request.continue_final_message, layout=layout)
         start = common_prefix_chars(text, without)
         end = len(text) - min(_common_suffix_chars(text, without), len(text) - start)
         if start <= at < end:

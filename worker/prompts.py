@@ -3,7 +3,7 @@
 The chat template is rendered to text and tokenized without adding special tokens
 (what HF's `apply_chat_template(tokenize=True)` does): templates carry their own BOS.
 Tools and the calls in the history reach the template in the model's tool dialect
-(`worker.tool_prompt`).
+(`worker.tool_prompt`), laid out stable first unless told otherwise (`worker.prompt_layout`).
 """
 
 from __future__ import annotations
@@ -12,21 +12,25 @@ import logging
 from typing import Any
 
 from protocol.errors import RequestError
+from protocol.settings import STABLE_FIRST
 from protocol.tool_dialects import MLXD
+from worker.prompt_layout import PROBE_TOOL, Render, find_tools_block, special_token_texts, tools_first
 from worker.tool_prompt import detect_tool_dialect, fallback_messages, template_messages, template_source
 
 logger = logging.getLogger(__name__)
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                continue_final: bool = False, generation_prompt: bool = True) -> list[int]:
+                continue_final: bool = False, generation_prompt: bool = True,
+                layout: str = STABLE_FIRST) -> list[int]:
     """The chat prompt's token ids (`render_chat_text`, tokenized)."""
-    return list(tokenizer.encode(render_chat_text(tokenizer, messages, tools, continue_final, generation_prompt),
-                                 add_special_tokens=False))
+    return list(tokenizer.encode(render_chat_text(tokenizer, messages, tools, continue_final, generation_prompt,
+                                                  layout), add_special_tokens=False))
 
 
 def render_chat_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                     continue_final: bool = False, generation_prompt: bool = True) -> str:
+                     continue_final: bool = False, generation_prompt: bool = True,
+                     layout: str = STABLE_FIRST) -> str:
     """The chat prompt's text. A template that renders tools in a dialect we parse gets
     `tools` and the history's calls as it expects them; any other gets them as text in
     mlxd's fallback dialect (the tools in the system prompt). With `continue_final` the last
@@ -34,7 +38,10 @@ def render_chat_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list
     continues it (HF's `continue_final_message`: the template's end-of-turn is cut off).
     Without `generation_prompt` the text ends with the last message's turn (a conversation's
     start, rendered as the whole renders it: `worker.message_at_token`, and the prefix of a
-    cache breakpoint, `worker.cache_breakpoints`)."""
+    cache breakpoint, `worker.cache_breakpoints`; both must pass the request's `layout`).
+    `layout` (protocol.settings.PROMPT_LAYOUTS): `stable_first` puts the tools block before
+    the system text where the template has both in the system turn (and in the fallback's
+    system message), `template` renders exactly as the template does."""
     if not getattr(tokenizer, "chat_template", None):
         raise RequestError(
             "this model has no chat template; use /v1/completions with a prompt",
@@ -42,7 +49,7 @@ def render_chat_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list
         )
     dialect = detect_tool_dialect(template_source(tokenizer))
     if dialect == MLXD:
-        messages, tools = fallback_messages(messages, tools), None
+        messages, tools = fallback_messages(messages, tools, tools_first=layout == STABLE_FIRST), None
     else:
         messages = template_messages(messages, dialect)
     later = _later_system_texts(messages)
@@ -57,11 +64,27 @@ def render_chat_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list
     if refusal is not None:
         logger.info("chat template does not take system messages after the first (%s): moving them to the start",
                     refusal)
+        messages = hoist_system(messages)
         try:
-            text = _apply(tokenizer, hoist_system(messages), tools, continue_final, generation_prompt)
+            text = _apply(tokenizer, messages, tools, continue_final, generation_prompt)
         except Exception as again:
             raise RequestError(f"the chat template rejected these messages: {again}", param="messages") from again
+    if layout == STABLE_FIRST and tools:
+        text = tools_first(lambda probe, probe_tools: _apply(tokenizer, probe, probe_tools, False),
+                           messages, tools, text, special_token_texts(tokenizer))
     return text
+
+
+def tools_go_first(tokenizer: Any) -> bool:
+    """Whether the stable_first layout moves tools before the system text for this model:
+    its template writes them after the system text in the system turn, or it speaks mlxd's
+    fallback dialect (for the worker's log and status; a request is judged on its own)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    if detect_tool_dialect(template_source(tokenizer)) == MLXD:
+        return True
+    render: Render = lambda probe, tools: _apply(tokenizer, probe, tools, False)  # noqa: E731
+    return find_tools_block(render, "system", [PROBE_TOOL], special_token_texts(tokenizer)) is not None
 
 
 def _apply(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

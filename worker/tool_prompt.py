@@ -122,11 +122,14 @@ def fallback_tools_text(tools: list[dict[str, Any]]) -> str:
     return FALLBACK_INSTRUCTIONS.format(tools="\n".join(lines))
 
 
-def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The conversation for a template without tool support: the tools block appended to
-    the leading system message (or a system message made for it), assistant calls and
-    tool results as text in the fallback markup (consecutive results in one user turn, as
-    Hermes templates do), so that a plain template renders them like any other turn."""
+def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                      tools_first: bool = False) -> list[dict[str, Any]]:
+    """The conversation for a template without tool support: the tools block joined to
+    the leading system message (after it, or before it with `tools_first`, so that the
+    tools are a prefix sessions with other system texts share), or a system message made
+    for it; assistant calls and tool results as text in the fallback markup (consecutive
+    results in one user turn, as Hermes templates do), so that a plain template renders
+    them like any other turn."""
     out: list[dict[str, Any]] = []
     previous_role = None
     for message in messages:
@@ -147,7 +150,9 @@ def fallback_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     if tools:
         block = fallback_tools_text(tools)
         if out and out[0].get("role") in ("system", "developer"):
-            out[0] = {**out[0], "content": f"{out[0].get('content', '')}\n\n{block}" if out[0].get("content") else block}
+            system = out[0].get("content")
+            joined = (block, system) if tools_first else (system, block)
+            out[0] = {**out[0], "content": "\n\n".join(joined) if system else block}
         else:
             out.insert(0, {"role": "system", "content": block})
     return out

@@ -378,6 +378,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
         continue_final_message=bool(prefill),
         # Anthropic's cache order: tools, system, messages (tools dropped with tool_choice none: no point)
         cache_breakpoints=(points if tools else []) + message_points,
+        prompt_layout=profile.prompt_layout if profile is not None else None,
     )
     return MessagesRequest("chat", model_name(body), add, stream, False, limit, tools=tool_request, prefill=prefill)
 

@@ -11,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 
 from protocol.context_window import served_context_length
 from protocol.errors import RequestError
+from protocol.settings import layout_in_effect
 from router.api import anthropic_errors
 from router.api.openai_format import model_card
 from router.encoder_requests import rerank_method
@@ -32,6 +33,10 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
         extra["rerank_method"] = rerank_method(kind)
     if supervisor is not None and supervisor.ready is not None:
         extra["context_length"] = supervisor.ready.context_length
+        if kind == "chat":
+            extra["tool_dialect"] = supervisor.ready.tool_dialect
+            requested = (profile.prompt_layout if profile is not None else None) or pool.config.worker.prompt_layout
+            extra["prompt_layout"] = layout_in_effect(requested, supervisor.ready.tools_first)
         if supervisor.ready.dimensions:
             extra["dimensions"] = supervisor.ready.dimensions
     if kind == "chat":

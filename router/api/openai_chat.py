@@ -126,6 +126,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
         want_progress=wants_progress(body),
         context_limit=limit,
         constraint=parse_response_format(body),
+        prompt_layout=profile.prompt_layout if profile is not None else None,
     )
     return ChatRequest("chat", model_name(body), add, stream, include_usage, limit, tools=tool_request)
 

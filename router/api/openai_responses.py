@@ -299,7 +299,8 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *, store: Respon
     sampling = parse_sampling(chat_body)
     response_id = f"resp_{uuid.uuid4().hex}"
     add = AddRequest(request_id=response_id, messages=chat_body["messages"], tools=tools, sampling=sampling,
-                     cache_salt=cache_salt(body), context_limit=limit, constraint=constraint)
+                     cache_salt=cache_salt(body), context_limit=limit, constraint=constraint,
+                     prompt_layout=profile.prompt_layout if profile is not None else None)
     echo = {
         "instructions": instructions, "max_output_tokens": max_output_tokens, "metadata": body.get("metadata") or {},
         "parallel_tool_calls": tool_request.parallel if tool_request is not None else body.get(

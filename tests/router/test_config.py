@@ -53,6 +53,7 @@ def test_overrides_convert(overrides: dict[str, Any], expected: dict[str, Any]) 
     ({"sse_keepalive_s": 0}, "sse_keepalive_s"),
     ({"log_level": "loud"}, "log_level"),
     ({"dtype": "int3"}, "dtype"),
+    ({"prompt_layout": "tools_last"}, "prompt_layout"),
     ({"max_context_tokens": -5}, "max_context_tokens"),
     ({"host": "0.0.0.0"}, "api_key"),
     ({"host": "192.168.1.4"}, "api_key"),

@@ -95,6 +95,8 @@ def load(*argv: str) -> LoadedConfig:
     ("memory_budget_bytes", "memory_budget_bytes = 4294967296", ["--memory-budget-bytes", "1024"], 0, 4 * GB, 1024),
     ("log_level", 'log_level = "debug"', ["--log-level", "error"], "info", "debug", "error"),
     ("prefix_cache", "prefix_cache = false", ["--prefix-cache"], True, False, True),
+    ("prompt_layout", 'prompt_layout = "template"', ["--prompt-layout", "stable_first"], "stable_first", "template",
+     "stable_first"),
     ("pin", 'pin = ["a", "b"]', ["--pin", "c", "--pin", "d"], (), ("a", "b"), ("c", "d")),
     ("model", 'model = "Named"', ["--model", "Other"], None, "Named", "Other"),
 ])
@@ -196,6 +198,8 @@ def test_tables_are_parsed(tmp_path: Path) -> None:
     ('[profiles."smol:coder"]\ncontext_limit = 100\nmax_tokens = 100', 'profiles."smol:coder".max_tokens',
      "less than context_limit (100)"),
     ('[profiles."smol:coder"]\ncontext_limit = 1', 'profiles."smol:coder".context_limit', "must be >= 2"),
+    ('[profiles."smol:coder"]\nprompt_layout = "tools_last"', 'profiles."smol:coder".prompt_layout',
+     "must be one of stable_first, template"),
     ('[profiles.smol]\ntemperature = 0.2', 'profiles."smol"', '"MODEL:PROFILE"'),
     ('[profiles."smol:a:b"]', 'profiles."smol:a:b"', '"MODEL:PROFILE"'),
     ('[profiles.":coder"]', 'profiles.":coder"', '"MODEL:PROFILE"'),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import pytest
@@ -12,7 +13,10 @@ from protocol.messages import AddRequest
 from router.profiles import Profile
 from router.profiles import SAMPLING_DEFAULTS, apply_profile, split_model_name
 from router.api.openai_chat import parse as parse_chat_request
+from router.api.anthropic_messages import parse as parse_messages_request
 from router.api.openai_completions import parse as parse_completion_request
+from router.api.openai_responses import parse as parse_responses_request
+from router.api.response_store import ResponseStore
 
 CHAT = {"model": "smol:coder", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "smol:coder", "prompt": "def f("}
@@ -116,3 +120,17 @@ def test_context_limit_crosses_the_wire() -> None:
     add = parse_chat_request(CHAT, Profile(context_limit=100)).add
     message, _ = decode(encode(add))
     assert isinstance(message, AddRequest) and message.context_limit == 100
+
+
+@pytest.mark.parametrize("parse, body", [
+    (parse_chat_request, CHAT),
+    (parse_messages_request, {**CHAT, "max_tokens": 8}),
+    (functools.partial(parse_responses_request, store=ResponseStore()), {"model": "smol:coder", "input": "hi"}),
+])
+def test_the_profiles_prompt_layout_crosses_the_wire(parse: Any, body: dict[str, Any]) -> None:
+    """A profile may render its chat prompts as the template does (`prompt_layout`); without
+    one the worker's own setting decides (None)."""
+    add = parse(body, Profile(prompt_layout="template")).add
+    message, _ = decode(encode(add))
+    assert isinstance(message, AddRequest) and message.prompt_layout == "template"
+    assert parse(body, None).add.prompt_layout is None

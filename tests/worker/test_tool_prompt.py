@@ -12,6 +12,7 @@ import pytest
 import transformers
 
 from protocol.errors import RequestError
+from protocol.settings import TEMPLATE_LAYOUT
 from protocol.tool_dialects import HERMES, LLAMA3_JSON, MISTRAL, MLXD
 from tests.worker import chat_templates
 from worker.prompts import render_chat
@@ -67,7 +68,10 @@ def test_a_named_template_for_tools_is_the_one_detected() -> None:
 
 def test_fallback_puts_the_tools_in_the_system_prompt(tokenizer: Any) -> None:
     prompt = text(tokenizer, TURN1, [WEATHER])
-    assert prompt.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
+    assert prompt.startswith("<|im_start|>system\n# Tools\n")  # stable first: the tools, then the system text
+    assert "When no function is needed, answer normally.\n\nYou are terse.<|im_end|>\n" in prompt
+    as_template = tokenizer.decode(render_chat(tokenizer, TURN1, [WEATHER], layout=TEMPLATE_LAYOUT))
+    assert as_template.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
     assert json.dumps(WEATHER["function"]) in prompt
     assert '<tool_call>\n{"name": "<function name>", "arguments": {<the arguments as a JSON object>}}\n</tool_call>' \
         in prompt
