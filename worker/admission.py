@@ -157,11 +157,11 @@ class Admitter:
         render and a tokenization of the prompt up to it: tokenizer thread)."""
         if not request.cache_breakpoints or request.messages is None or not self._prefix_cache.enabled:
             return []
+
         def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
             return render_chat(self._tokenizer, messages, tools, generation_prompt=False, layout=self.layout(request))
 
-        return breakpoint_positions(render,
-                                    request.messages, request.tools, request.cache_breakpoints, prompt_ids,
+        return breakpoint_positions(render, request.messages, request.tools, request.cache_breakpoints, prompt_ids,
                                     request.request_id)
 
     def _compile(self, request: AddRequest) -> llguidance.LLMatcher | None:
@@ -216,7 +216,7 @@ class Admitter:
         for point in breakpoints:
             pins.hold(plan.keys[: point.tokens // block], point.ttl_s)
         creation = cache_creation(breakpoints, plan.cached_tokens)
-        log.info("request %s: cache breakpoints at prompt tokens %s (ttl %s s): %d whole blocks held, "
+        log.info("request %s: cache breakpoints at prompt tokens %s (ttl %s s): up to %d whole blocks held, "
                  "%d tokens written to the cache (%d for 1h)", request_id, [p.tokens for p in breakpoints],
                  "/".join(str(p.ttl_s) for p in breakpoints), max(p.tokens for p in breakpoints) // block,
                  creation.tokens, creation.tokens_1h)
