@@ -91,7 +91,8 @@ class Admitter:
         """The request's prompt as token ids, however long: what `prompt_ids` admits, and
         what a token count reports (a count never refuses a prompt for its length)."""
         if request.messages is not None:
-            ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message)
+            ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message,
+                              self._vocab_size)
         elif request.prompt is not None:
             ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
         else:
