@@ -15,6 +15,7 @@ from router import admin, admin_cache, cache_probe, cache_snapshots, dashboard, 
 from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
 from router.api import anthropic_count_tokens, anthropic_messages
 from router.api_keys import KeyState, key_ring
+from router.call_memory import CallMemory
 from router.auth import APIKeyMiddleware
 from router.body_limit import BodyLimitMiddleware
 from router.drain_gate import DrainGateMiddleware, DrainState
@@ -108,4 +109,5 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     app.state.reloader = reloader
     app.state.startup = startup
     app.state.drain = drain
+    app.state.call_memory = CallMemory()  # what the model generated for each tool call (router.call_memory)
     return app

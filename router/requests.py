@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol.messages import FinishEvent, Ready
+from router.call_memory import CallMemory, GeneratedAnswer
 from router.json_body import parse_json_body
 from router.pending_streams import PendingStream
 from router.pool import WorkerPool
@@ -89,12 +90,20 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
         check_against_model(parsed, supervisor.ready)
         if dialect.bind is not None:
             parsed = dialect.bind(parsed, supervisor.ready)
+    memory: CallMemory | None = getattr(request.app.state, "call_memory", None)
+    answer = None
+    if memory is not None and parsed.add.messages is not None:
+        parsed.add.messages = memory.mark(model_id, parsed.add.messages)
+        answer = memory.follow(parsed)
     stream = supervisor.open_request(parsed.add)
+    if answer is not None:
+        stream.on_token = answer.add
     stream.request = parsed
     stream.model = model_id
     stream.route = request.url.path
     stream.user_agent = request.headers.get("user-agent", "")
-    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received)
+    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received,
+                                  memory if answer is not None else None, answer)
     return stream
 
 
@@ -107,12 +116,15 @@ def _check_num_messages(parsed: ParsedRequest, max_messages: int) -> None:
                   "accepts (max_messages); send a shorter conversation", code="too_many_messages")
 
 
-def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest,
-               key_name: str | None, received: float) -> Callable[[FinishEvent], None]:
+def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest, key_name: str | None, received: float,
+               memory: CallMemory | None = None, answer: GeneratedAnswer | None = None
+               ) -> Callable[[FinishEvent], None]:
     by = f" (key {key_name})" if key_name is not None else ""  # the key's name, never the key
 
     def finished(event: FinishEvent) -> None:
         pool.record_finish(model_id, event, time.monotonic() - received)
+        if memory is not None and answer is not None and event.finish_reason == "stop" and event.stop_sequence is None:
+            memory.remember(model_id, parsed.add.request_id, parsed.tools, parsed.tool_dialect, answer)
         u, t = event.usage, event.timings
         why = f"; {u.misses.describe()}" if u.misses is not None else ""
         logger.info("%s %s%s: %s after %d+%d tokens (%d cached%s), ttft %.2f s, %.1f tok/s",

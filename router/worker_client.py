@@ -88,6 +88,7 @@ class RequestStream:
         self.num_first_tokens = 0  # how many came with it
         self.on_finish: Callable[[FinishEvent], None] | None = None
         self.request: Any = None  # the API request it answers, bound to this worker (router.requests)
+        self.on_token: Callable[[str, list[int]], None] | None = None  # each TokenEvent's text and ids
         self._events: collections.deque[Message] = collections.deque()
         self._failure: WorkerDead | None = None
         self._wakeup = asyncio.Event()
@@ -101,6 +102,8 @@ class RequestStream:
                 self.first_token_at = time.monotonic()
                 self.num_first_tokens = len(message.token_ids)
             self.num_tokens += len(message.token_ids)
+            if self.on_token is not None:
+                self.on_token(message.text, message.token_ids)
         elif isinstance(message, PromptEvent):
             self.phase = "prefill"
             self.prompt_tokens, self.cached_tokens = message.prompt_tokens, message.cached_tokens

@@ -104,7 +104,7 @@ class Admitter:
         what a token count reports (a count never refuses a prompt for its length)."""
         if request.messages is not None:
             ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message,
-                              layout=self.layout(request))
+                              layout=self.layout(request), vocab_size=self._vocab_size)
         elif request.prompt is not None:
             ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
         else:

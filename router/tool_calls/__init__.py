@@ -13,7 +13,7 @@ from router.tool_calls.grammar import forced_call_grammar
 from router.tool_calls.hermes import HERMES_DIALECT, MLXD_DIALECT
 from router.tool_calls.llama3 import LLAMA3_DIALECT
 from router.tool_calls.mistral import MISTRAL_DIALECT
-from router.tool_calls.parser import ToolCallParser
+from router.tool_calls.parser import ToolCallParser, new_call_id, request_call_ids
 from router.tool_calls.request import AUTO, FUNCTION, NONE, REQUIRED, ToolRequest, ToolSpec
 
 __all__ = [
@@ -38,5 +38,9 @@ def dialect_named(name: str) -> ToolDialect:
 
 
 def make_parser(request: ToolRequest, dialect: str, label: str = "") -> ToolCallParser:
-    """The parser for one answer to `request` from a model speaking `dialect`."""
-    return ToolCallParser(dialect_named(dialect), request.names, max_calls=request.max_calls, label=label)
+    """The parser for one answer to `request` from a model speaking `dialect`; `label` is
+    the request id: it names the request in log lines and seeds the answer's call ids
+    (the same answer parsed twice has the same ids)."""
+    make_id = request_call_ids(label) if label else new_call_id
+    return ToolCallParser(dialect_named(dialect), request.names, max_calls=request.max_calls, label=label,
+                          make_id=make_id)

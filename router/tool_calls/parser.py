@@ -7,6 +7,8 @@ the events add up to the same content and calls.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
 import uuid
@@ -21,6 +23,19 @@ logger = logging.getLogger(__name__)
 def new_call_id() -> str:
     """A call id in OpenAI's style."""
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def request_call_ids(request_id: str) -> Callable[[], str]:
+    """The call ids of one answer, in OpenAI's style: derived from its request id and the
+    call's place, so that parsing the same answer again names its calls the same way
+    (`router.call_memory` does, to know a call when the client sends it back)."""
+    counter = itertools.count()
+
+    def make_id() -> str:
+        digest = hashlib.blake2b(f"{request_id}\x00{next(counter)}".encode(), digest_size=12).hexdigest()
+        return f"call_{digest}"
+
+    return make_id
 
 
 class ToolCallParser:
