@@ -44,8 +44,8 @@ class Divergence:
 class CacheMisses:
     """A prompt's uncached tokens split by why (`tokens`: reason -> count over
     MISS_REASONS, summing to prompt - cached tokens), the cached tokens that came back
-    from SSD after the hot tier lost them (`evicted_hot_found_cold`), and for `diverged`
-    (and the salt and model reasons, when the token is known) where it happened."""
+    from SSD after the hot tier lost them (`evicted_hot_found_cold`), and when some
+    tokens `diverged`, where (`divergence`; None otherwise)."""
 
     tokens: dict[str, int] = field(default_factory=dict)
     evicted_hot_found_cold: int = 0
