@@ -24,6 +24,7 @@ from protocol.messages import AddRequest, CacheProbed, ErrorEvent, Message, Prob
 from router.api import openai_chat, openai_completions, openai_responses
 from router.api.openai_format import misses_body
 from router.api.anthropic_count_tokens import count_request
+from router.call_memory import mark_history
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
 from router.requests import model_name
@@ -86,6 +87,7 @@ def prompt_request(request: Request, pool: WorkerPool, body: dict[str, Any],
     else:  # as /v1/messages/count_tokens renders it (no max_tokens needed: nothing is generated)
         add = count_request(fields, profile, pool.config.normalize_billing_header)
     add.request_id = f"cache-{uuid.uuid4().hex[:24]}"
+    mark_history(request.app.state, model_id, add)  # as a generation of this body renders it
     return model_id, api, add
 
 

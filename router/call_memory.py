@@ -151,3 +151,12 @@ def _arguments(value: Any) -> Any:
         except ValueError:
             return None
     return value
+
+
+def mark_history(state: Any, model: str, add: Any) -> None:
+    """Mark `add`'s history with the app's call memory (`state.call_memory`, if there is
+    one): every route that renders a chat prompt (generations, token counts, cache probes
+    and snapshots) must render it the same way, or a count or a probe would not be exact."""
+    memory: CallMemory | None = getattr(state, "call_memory", None)
+    if memory is not None and add.messages is not None:
+        add.messages = memory.mark(model, add.messages)

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol.messages import FinishEvent, Ready
-from router.call_memory import CallMemory, GeneratedAnswer
+from router.call_memory import CallMemory, GeneratedAnswer, mark_history
 from router.json_body import parse_json_body
 from router.pending_streams import PendingStream
 from router.pool import WorkerPool
@@ -93,7 +93,7 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
     memory: CallMemory | None = getattr(request.app.state, "call_memory", None)
     answer = None
     if memory is not None and parsed.add.messages is not None:
-        parsed.add.messages = memory.mark(model_id, parsed.add.messages)
+        mark_history(request.app.state, model_id, parsed.add)
         answer = memory.follow(parsed)
     stream = supervisor.open_request(parsed.add)
     if answer is not None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -49,8 +50,12 @@ def test_openai_turn_two_reads_turn_one_and_its_call_from_cache(service: Service
                   "tool_calls": [{"id": call.id, "type": "function",
                                   "function": {"name": call.function.name, "arguments": arguments}}]},
                  {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
-    second = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, temperature=0, max_tokens=1)
     used = first.usage
+    # the cache probe renders the body as a generation would, memory included
+    probed = httpx.post(f"{service.base_url}/admin/cache/probe", timeout=300,
+                        json={"model": MODEL, "messages": messages, "tools": tools}).json()
+    assert probed["cached_tokens"] >= used.prompt_tokens + used.completion_tokens - 1, probed
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=tools, temperature=0, max_tokens=1)
     # all of turn one but its last generated token (the end of turn, never fed to the model)
     assert second.usage.prompt_tokens_details.cached_tokens >= used.prompt_tokens + used.completion_tokens - 1, \
         (used, second.usage)
