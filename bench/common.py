@@ -33,9 +33,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "bench"
 LOG_DIR = CACHE_DIR / "logs"
-# The interpreter running the benchmark is the project's venv: its mlxd and mlx_lm.
+# The interpreter running the benchmark is the project's venv: its mlx_lm, and mlxd as
+# `python -m router` from this checkout (children start in REPO, so the router, worker and
+# kvstore measured are this tree's, not whatever checkout the venv's `mlxd` script imports).
 PYTHON = sys.executable
-MLXD = str(Path(sys.executable).parent / "mlxd")
+MLXD = (PYTHON, "-m", "router")
 # Same BLAS for mlxd (the worker binds it itself), the peer (LD_PRELOAD) and the
 # in-process baseline (RTLD_GLOBAL before importing mlx): we compare servers, not setups.
 BLIS_PATH = "/usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3"
@@ -325,7 +327,7 @@ def mlxd_server(model_dir: Path, *, max_num_seqs: int = 8, prefill_chunk_tokens:
     keep_home = home is not None
     home = home if home is not None else Path(tempfile.mkdtemp(prefix="mlxd-bench-"))
     command = [
-        MLXD, "serve", "--port", str(port), "--model", str(model_dir), "--home", str(home),
+        *MLXD, "serve", "--port", str(port), "--model", str(model_dir), "--home", str(home),
         "--max-num-seqs", str(max_num_seqs), "--prefill-chunk-tokens", str(prefill_chunk_tokens),
         *(extra_args or []),
     ]
@@ -384,6 +386,18 @@ def llamacpp_server(binary: Path, gguf: Path, *, threads: int, parallel: int, ct
         yield server
 
 
+def stop_gracefully(server: Server, timeout_s: float = 60.0) -> bool:
+    """SIGTERM to mlxd's router alone, as a service manager would: it drains, stops the
+    worker (which flushes its SSD writes), then the kvstore (which syncs). True if it exited."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
 # ---------------------------------------------------------------- streaming client
 
 
@@ -398,6 +412,8 @@ class StreamResult:
     completion_tokens: int | None = None  # from the server's usage chunk
     finish_reason: str | None = None
     extension: dict[str, Any] = field(default_factory=dict)  # mlxd's "mlxd" field (timings, cache)
+    usage: dict[str, Any] = field(default_factory=dict)  # the usage chunk as sent (prompt_tokens_details...)
+    timings: dict[str, Any] = field(default_factory=dict)  # llama.cpp's "timings" (cache_n, prompt_n, ...)
 
     @property
     def ttft_s(self) -> float | None:
@@ -430,7 +446,10 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, body: dict[st
                 raise RuntimeError(f"stream error from {base_url}: {chunk['error']}")
             if isinstance(extension := chunk.get("mlxd"), dict):
                 result.extension.update(extension)
+            if isinstance(timings := chunk.get("timings"), dict):
+                result.timings = timings
             if usage := chunk.get("usage"):
+                result.usage = usage
                 result.prompt_tokens = usage.get("prompt_tokens")
                 result.completion_tokens = usage.get("completion_tokens")
             for choice in chunk.get("choices") or []:
