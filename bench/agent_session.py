@@ -20,9 +20,11 @@ on stderr. `--help` lists the flags.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -32,10 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from _agent_transcript import SessionScript, build_session, messages_for_turn
 from common import (
     CpuMeter,
     Server,
+    StreamResult,
     emit,
     environment,
     llamacpp_server,
@@ -44,6 +49,8 @@ from common import (
     percentile,
     run_concurrently,
     stop_gracefully,
+    stream_request,
+    tree_cpu_seconds,
     wait_for_quiet,
 )
 from engine import HOME, THREADS, _mlxd_setup, ensure_llama_server, gguf_summary, llamacpp_build_info, llamacpp_setup
@@ -82,11 +89,16 @@ def run_turn(contender: SessionContender, script: SessionScript, turn: int, max_
     body = {"model": server.model, "messages": messages_for_turn(script, turn, contender.replies),
             "max_tokens": max_tokens, "temperature": 0, **contender.extra_body}
     meter = CpuMeter([server.process.pid])
-    (result,) = run_concurrently(server.base_url, [body], path="/v1/chat/completions")
+    cpu = [tree_cpu_seconds(server.process.pid)]
+    result = asyncio.run(_stream(server.base_url, body, lambda: cpu.append(tree_cpu_seconds(server.process.pid))))
+    cpu.append(tree_cpu_seconds(server.process.pid))
     record: dict[str, Any] = {
         "turn": turn,
         "ttft_s": round(result.ttft_s, 3) if result.ttft_s is not None else None,
         "request_s": round(result.last_token_at - result.sent_at, 3),
+        # CPU seconds the server's processes used until the first token, and in all
+        "server_cpu_to_first_token_s": round(cpu[1] - cpu[0], 3) if len(cpu) == 3 else None,
+        "server_cpu_s": round(cpu[-1] - cpu[0], 3),
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "finish_reason": result.finish_reason,
@@ -113,6 +125,11 @@ def run_turn(contender: SessionContender, script: SessionScript, turn: int, max_
     return record
 
 
+async def _stream(base_url: str, body: dict[str, Any], on_first_content: Callable[[], None]) -> StreamResult:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0)) as client:
+        return await stream_request(client, base_url, body, "/v1/chat/completions", on_first_content)
+
+
 def restart_service(contender: SessionContender, stack: contextlib.ExitStack) -> dict[str, Any]:
     """Stop the whole service (SIGTERM to the router: it drains, the worker flushes its SSD
     writes, the kvstore syncs) and start it again on the same home, with no warm-up."""
@@ -136,6 +153,9 @@ def summarize(contender: SessionContender, restart_after: int | None) -> dict[st
         "first_turn_ttft_s": next((t["ttft_s"] for t in turns if t["turn"] == 1), None),
         "warm_ttft_p50_s": _round(percentile(warm, 50)),
         "warm_ttft_p95_s": _round(percentile(warm, 95)),
+        "warm_server_cpu_to_first_token_p50_s": _round(percentile(
+            [t["server_cpu_to_first_token_s"] for t in turns
+             if t["turn"] > 1 and t.get("server_cpu_to_first_token_s") is not None], 50)),
         "warm_cached_fraction_p50": _round(percentile([t["cached_fraction"] for t in turns
                                                        if t["turn"] > 1 and "cached_fraction" in t], 50), 4),
         "cached_fraction_per_request": [t.get("cached_fraction") for t in turns],
@@ -181,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.restart_after < args.turns:
         parser.error(f"--restart-after must be in [0, {args.turns - 1}]")
 
+    # a SIGTERM (timeout, CI) unwinds like Ctrl-C: every server started is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     from models.catalog import find_model
     from models.provision import provision_model
     from tokenizers import Tokenizer
@@ -259,11 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     warm_ratio = (_round(mine["warm_ttft_p50_s"] / theirs["warm_ttft_p50_s"])
                   if mine.get("warm_ttft_p50_s") and theirs.get("warm_ttft_p50_s") else None)
     restart_ratio = summaries.get("mlxd_restart", {}).get("after_restart_ttft_ratio")
+    cpu_key = "warm_server_cpu_to_first_token_p50_s"
+    cpu_ratio = (_round(mine[cpu_key] / theirs[cpu_key]) if mine.get(cpu_key) and theirs.get(cpu_key) else None)
     env["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     report = {
         "benchmark": "agent_session",
         "warm_ttft_p50_ratio_vs_llamacpp": warm_ratio,
         "after_restart_ttft_ratio": restart_ratio,
+        # the same ratio in CPU seconds the servers spent until the first token: on a shared
+        # machine, less skewed by other load than the wall-clock TTFT (spinning threads count)
+        "warm_server_cpu_to_first_token_p50_ratio_vs_llamacpp": cpu_ratio,
         "targets": {"warm_ttft_p50_ratio_max": TARGET_WARM_RATIO,
                     "warm_met": warm_ratio is not None and warm_ratio <= TARGET_WARM_RATIO,
                     "after_restart_ratio_max": TARGET_RESTART_RATIO,

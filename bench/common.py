@@ -112,6 +112,20 @@ def _busy_seconds() -> float:
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds the process `pid` and its descendants have used so far (reaped children
+    included): what a server spent on a request, which other load on the machine inflates
+    far less than the wall time."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = process.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def _own_seconds(roots: Sequence[int] | None = None) -> float:
     """CPU seconds used by this process and the process trees under `roots` (reaped
     children included); `roots` None: under every descendant of this process."""
@@ -426,8 +440,10 @@ class StreamResult:
 
 
 async def stream_request(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
-                         path: str = "/v1/completions") -> StreamResult:
-    """POST a streaming request and time every content chunk; raise on an HTTP or stream error."""
+                         path: str = "/v1/completions",
+                         on_first_content: Callable[[], None] | None = None) -> StreamResult:
+    """POST a streaming request and time every content chunk; raise on an HTTP or stream
+    error. `on_first_content` is called once, as the first content chunk arrives."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     result = StreamResult(sent_at=time.perf_counter())
     async with client.stream("POST", base_url + path, json=body) as response:
@@ -455,6 +471,8 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, body: dict[st
             for choice in chunk.get("choices") or []:
                 text = choice.get("text") or (choice.get("delta") or {}).get("content")
                 if text:
+                    if not result.chunk_times and on_first_content is not None:
+                        on_first_content()
                     result.chunk_times.append(now)
                     result.text += text
                 if choice.get("finish_reason"):
