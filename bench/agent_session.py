@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -36,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from _agent_transcript import SessionScript, build_session, messages_for_turn
+from _agent_transcript import SYSTEM_TOKENS, TOOL_RESULT_TOKENS, SessionScript, build_session, messages_for_turn
 from common import (
     CpuMeter,
     Server,
@@ -181,6 +182,52 @@ def summarize(contender: SessionContender, restart_after: int | None) -> dict[st
     return summary
 
 
+def make_report(args: argparse.Namespace, contenders: list[SessionContender], restarts: dict[str, Any],
+                env: dict[str, Any], setting: dict[str, Any], started: float, complete: bool) -> dict[str, Any]:
+    """The JSON: the ratios and targets first, then each contender's summary, the
+    configuration, the restart, every turn's figures and the environment."""
+    summaries = {c.name: summarize(c, args.restart_after if c.name == "mlxd_restart" else None)
+                 for c in contenders}
+    mine, theirs = summaries.get("mlxd", {}), summaries.get("llamacpp", {})
+    warm_ratio = (_round(mine["warm_ttft_p50_s"] / theirs["warm_ttft_p50_s"])
+                  if mine.get("warm_ttft_p50_s") and theirs.get("warm_ttft_p50_s") else None)
+    restart_ratio = summaries.get("mlxd_restart", {}).get("after_restart_ttft_ratio")
+    cpu_key = "warm_server_cpu_to_first_token_p50_s"
+    cpu_ratio = (_round(mine[cpu_key] / theirs[cpu_key]) if mine.get(cpu_key) and theirs.get(cpu_key) else None)
+    env = {**env, "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
+    return {
+        "benchmark": "agent_session",
+        "complete": complete,
+        "warm_ttft_p50_ratio_vs_llamacpp": warm_ratio,
+        "after_restart_ttft_ratio": restart_ratio,
+        # the same ratio in CPU seconds the servers spent until the first token: on a shared
+        # machine, less skewed by other load than the wall-clock TTFT (spinning threads count)
+        "warm_server_cpu_to_first_token_p50_ratio_vs_llamacpp": cpu_ratio,
+        "targets": {"warm_ttft_p50_ratio_max": TARGET_WARM_RATIO,
+                    "warm_met": warm_ratio is not None and warm_ratio <= TARGET_WARM_RATIO,
+                    "after_restart_ratio_max": TARGET_RESTART_RATIO,
+                    "after_restart_met": restart_ratio is not None and restart_ratio <= TARGET_RESTART_RATIO},
+        "summary": summaries,
+        "config": {
+            **setting, "seed": args.seed,
+            "turns": args.turns, "max_tokens": args.max_tokens, "temperature": 0,
+            "restart_after_turn": args.restart_after or None, "threads": THREADS,
+            "endpoint": "/v1/chat/completions, streamed (stream_options.include_usage)",
+            "ttft": "client clock: request sent to the first streamed content",
+            "warm_turns": "turns after the first",
+            "cached_fraction": "mlxd: usage.prompt_tokens_details.cached_tokens / prompt_tokens; llama.cpp: "
+                               "timings.cache_n / (cache_n + prompt_n)",
+            "session_wall_s": "sum of the contender's request times (send to last token), no waits",
+            "order": "contenders take turns, the order rotating every turn; a turn waits up to "
+                     f"{args.quiet_wait_s:.0f} s for an idle machine (other_cores: load beside it)",
+        },
+        "restart": restarts or None,
+        "contenders": {c.name: {"setup": c.setup, "turns": c.turns, "error": c.error} for c in contenders},
+        "environment": env,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -191,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="which session (default 0)")
     parser.add_argument("--turns", type=int, default=20, help="turns in the session (default 20)")
     parser.add_argument("--max-tokens", type=int, default=120, help="tokens asked per turn (default 120)")
+    parser.add_argument("--system-tokens", type=int, default=SYSTEM_TOKENS,
+                        help=f"system prompt size (default {SYSTEM_TOKENS})")
+    parser.add_argument("--tool-result-tokens", type=int, default=TOOL_RESULT_TOKENS,
+                        help=f"size of each tool result (default {TOOL_RESULT_TOKENS})")
     parser.add_argument("--restart-after", type=int, default=10,
                         help="turn after which the restart run stops and starts mlxd (default 10; 0: no restart run)")
     parser.add_argument("--quiet-wait-s", type=float, default=15.0,
@@ -218,10 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     gguf = HOME / "downloads" / catalog_model.gguf_file
     gguf_info = gguf_summary(gguf)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    script = build_session(args.seed, lambda text: len(tokenizer.encode(text).ids), num_turns=args.turns)
+    script = build_session(args.seed, lambda text: len(tokenizer.encode(text).ids), num_turns=args.turns,
+                           system_tokens=args.system_tokens, tool_result_tokens=args.tool_result_tokens)
     log("session: system %d tokens, tool results %s tokens", len(tokenizer.encode(script.system).ids),
         [len(tokenizer.encode(t.result).ids) for t in script.tool_turns])
 
+    setting = {"model": args.model, "gguf": gguf_info, "model_dir": str(model_dir), "session_tokens": {
+        "system": len(tokenizer.encode(script.system).ids), "task": len(tokenizer.encode(script.task).ids),
+        "tool_results": [len(tokenizer.encode(t.result).ids) for t in script.tool_turns],
+        "tools": [t.name for t in script.tool_turns]}}
+    partial = args.out.with_suffix(".partial.json") if args.out else None
     restart_home = Path(tempfile.mkdtemp(prefix="mlxd-agent-session-"))
     contenders = [SessionContender("mlxd", lambda: mlxd_server(model_dir, name="mlxd"))]
     if llama_build is not None:
@@ -272,53 +329,17 @@ def main(argv: list[str] | None = None) -> int:
                         log("restarting mlxd_restart on %s", restart_home)
                         restarts = restart_service(contender, stacks[contender.name])
                         log("restarted: %s", restarts)
+                    if partial is not None:  # a long run on a shared machine: what it has so far
+                        partial.parent.mkdir(parents=True, exist_ok=True)
+                        report = make_report(args, contenders, restarts, env, setting, started, complete=False)
+                        partial.write_text(json.dumps(report, indent=2) + "\n")
     finally:
         shutil.rmtree(restart_home, ignore_errors=True)
 
-    summaries = {c.name: summarize(c, args.restart_after if c.name == "mlxd_restart" else None)
-                 for c in contenders}
-    mine, theirs = summaries.get("mlxd", {}), summaries.get("llamacpp", {})
-    warm_ratio = (_round(mine["warm_ttft_p50_s"] / theirs["warm_ttft_p50_s"])
-                  if mine.get("warm_ttft_p50_s") and theirs.get("warm_ttft_p50_s") else None)
-    restart_ratio = summaries.get("mlxd_restart", {}).get("after_restart_ttft_ratio")
-    cpu_key = "warm_server_cpu_to_first_token_p50_s"
-    cpu_ratio = (_round(mine[cpu_key] / theirs[cpu_key]) if mine.get(cpu_key) and theirs.get(cpu_key) else None)
-    env["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
-    report = {
-        "benchmark": "agent_session",
-        "warm_ttft_p50_ratio_vs_llamacpp": warm_ratio,
-        "after_restart_ttft_ratio": restart_ratio,
-        # the same ratio in CPU seconds the servers spent until the first token: on a shared
-        # machine, less skewed by other load than the wall-clock TTFT (spinning threads count)
-        "warm_server_cpu_to_first_token_p50_ratio_vs_llamacpp": cpu_ratio,
-        "targets": {"warm_ttft_p50_ratio_max": TARGET_WARM_RATIO,
-                    "warm_met": warm_ratio is not None and warm_ratio <= TARGET_WARM_RATIO,
-                    "after_restart_ratio_max": TARGET_RESTART_RATIO,
-                    "after_restart_met": restart_ratio is not None and restart_ratio <= TARGET_RESTART_RATIO},
-        "summary": summaries,
-        "config": {
-            "model": args.model, "gguf": gguf_info, "model_dir": str(model_dir), "seed": args.seed,
-            "turns": args.turns, "max_tokens": args.max_tokens, "temperature": 0,
-            "restart_after_turn": args.restart_after or None, "threads": THREADS,
-            "endpoint": "/v1/chat/completions, streamed (stream_options.include_usage)",
-            "ttft": "client clock: request sent to the first streamed content",
-            "warm_turns": "turns after the first",
-            "cached_fraction": "mlxd: usage.prompt_tokens_details.cached_tokens / prompt_tokens; llama.cpp: "
-                               "timings.cache_n / (cache_n + prompt_n)",
-            "session_wall_s": "sum of the contender's request times (send to last token), no waits",
-            "order": "contenders take turns, the order rotating every turn; a turn waits up to "
-                     f"{args.quiet_wait_s:.0f} s for an idle machine (other_cores: load beside it)",
-            "session_tokens": {"system": len(tokenizer.encode(script.system).ids),
-                               "task": len(tokenizer.encode(script.task).ids),
-                               "tool_results": [len(tokenizer.encode(t.result).ids) for t in script.tool_turns],
-                               "tools": [t.name for t in script.tool_turns]},
-        },
-        "restart": restarts or None,
-        "contenders": {c.name: {"setup": c.setup, "turns": c.turns, "error": c.error} for c in contenders},
-        "environment": env,
-        "elapsed_s": round(time.perf_counter() - started, 1),
-    }
+    report = make_report(args, contenders, restarts, env, setting, started, complete=True)
     emit(report, args.out)
+    if partial is not None:
+        partial.unlink(missing_ok=True)
     return 1 if any(c.error for c in contenders) else 0
 
 
