@@ -33,11 +33,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = REPO / ".cache" / "bench"
 LOG_DIR = CACHE_DIR / "logs"
-# The interpreter running the benchmark is the project's venv: its mlx_lm, and this
-# checkout's mlxd (`python -m router` from REPO: the venv's `mlxd` script runs whichever
-# checkout was installed, which an editable install of another worktree is not).
+# The interpreter running the benchmark is the project's venv: its mlx_lm, and mlxd as
+# `python -m router` from this checkout (children start in REPO, so the router, worker and
+# kvstore measured are this tree's, not whatever checkout the venv's `mlxd` script imports).
 PYTHON = sys.executable
-MLXD = [PYTHON, "-m", "router"]
+MLXD = (PYTHON, "-m", "router")
 # Same BLAS for mlxd (the worker binds it itself), the peer (LD_PRELOAD) and the
 # in-process baseline (RTLD_GLOBAL before importing mlx): we compare servers, not setups.
 BLIS_PATH = "/usr/lib/x86_64-linux-gnu/blis-pthread/libblas.so.3"
@@ -110,6 +110,20 @@ def _busy_seconds() -> float:
     """CPU seconds all cores spent doing anything since boot."""
     times = psutil.cpu_times()
     return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds the process `pid` and its descendants have used so far (reaped children
+    included): what a server spent on a request, which other load on the machine inflates
+    far less than the wall time."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = process.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def _own_seconds(roots: Sequence[int] | None = None) -> float:
@@ -386,6 +400,18 @@ def llamacpp_server(binary: Path, gguf: Path, *, threads: int, parallel: int, ct
         yield server
 
 
+def stop_gracefully(server: Server, timeout_s: float = 60.0) -> bool:
+    """SIGTERM to mlxd's router alone, as a service manager would: it drains, stops the
+    worker (which flushes its SSD writes), then the kvstore (which syncs). True if it exited."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(server.process.pid, signal.SIGTERM)
+    try:
+        server.process.wait(timeout=timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
 # ---------------------------------------------------------------- streaming client
 
 
@@ -400,6 +426,8 @@ class StreamResult:
     completion_tokens: int | None = None  # from the server's usage chunk
     finish_reason: str | None = None
     extension: dict[str, Any] = field(default_factory=dict)  # mlxd's "mlxd" field (timings, cache)
+    usage: dict[str, Any] = field(default_factory=dict)  # the usage chunk as sent (prompt_tokens_details...)
+    timings: dict[str, Any] = field(default_factory=dict)  # llama.cpp's "timings" (cache_n, prompt_n, ...)
 
     @property
     def ttft_s(self) -> float | None:
@@ -412,8 +440,10 @@ class StreamResult:
 
 
 async def stream_request(client: httpx.AsyncClient, base_url: str, body: dict[str, Any],
-                         path: str = "/v1/completions") -> StreamResult:
-    """POST a streaming request and time every content chunk; raise on an HTTP or stream error."""
+                         path: str = "/v1/completions",
+                         on_first_content: Callable[[], None] | None = None) -> StreamResult:
+    """POST a streaming request and time every content chunk; raise on an HTTP or stream
+    error. `on_first_content` is called once, as the first content chunk arrives."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     result = StreamResult(sent_at=time.perf_counter())
     async with client.stream("POST", base_url + path, json=body) as response:
@@ -432,12 +462,17 @@ async def stream_request(client: httpx.AsyncClient, base_url: str, body: dict[st
                 raise RuntimeError(f"stream error from {base_url}: {chunk['error']}")
             if isinstance(extension := chunk.get("mlxd"), dict):
                 result.extension.update(extension)
+            if isinstance(timings := chunk.get("timings"), dict):
+                result.timings = timings
             if usage := chunk.get("usage"):
+                result.usage = usage
                 result.prompt_tokens = usage.get("prompt_tokens")
                 result.completion_tokens = usage.get("completion_tokens")
             for choice in chunk.get("choices") or []:
                 text = choice.get("text") or (choice.get("delta") or {}).get("content")
                 if text:
+                    if not result.chunk_times and on_first_content is not None:
+                        on_first_content()
                     result.chunk_times.append(now)
                     result.text += text
                 if choice.get("finish_reason"):

@@ -405,6 +405,27 @@ def _mlxd_setup(server: Server, dtype: str, model_dir: Path) -> dict[str, Any]:
     }
 
 
+def llamacpp_setup(server: Server, gguf: Path, gguf_info: dict[str, Any], llama_build: dict[str, Any],
+                   cache: str) -> dict[str, Any]:
+    """How this llama-server serves: its command, weights, threads, slots and window (from
+    /props and its start-up log), its build, and `cache`: what the caller set about its
+    prompt cache."""
+    with httpx.Client(timeout=10.0) as client:
+        props = client.get(f"{server.base_url}/props").json()
+    settings = props.get("default_generation_settings") or {}
+    return {
+        "command": shlex.join(server.process.args),
+        "weights": {"file": str(gguf), "types": gguf_info["tensor_types"]},
+        "threads": THREADS, "parallel_slots": props.get("total_slots"),
+        "n_ctx": settings.get("n_ctx"), "build_info": props.get("build_info"),
+        "build": llama_build, "log_facts": _llamacpp_log_facts(server.log_path),
+        "blas": f"GGML_BLAS={llama_build['cmake'].get('GGML_BLAS')}",
+        "cache": cache,
+        "model_ftype": props.get("model_ftype"),
+        "log": str(server.log_path),
+    }
+
+
 def _warm_up(contender: EngineContender, warmup_prompt: str) -> EngineContender:
     """One request of the measured shape on a topic of its own, so first-touch costs
     (allocator growth, page faults, lazy imports) land in no measured figure."""
@@ -445,21 +466,10 @@ def start_contenders(model: str, model_dir: Path, gguf: Path, gguf_info: dict[st
                 server = stack.enter_context(llamacpp_server(Path(llama_build["binary"]), gguf, threads=THREADS,
                                                              parallel=args.streams,
                                                              ctx_size=args.streams * slot_tokens))
-                with httpx.Client(timeout=10.0) as client:
-                    props = client.get(f"{server.base_url}/props").json()
-                settings = props.get("default_generation_settings") or {}
-                return EngineContender("llamacpp", server, {"ignore_eos": True, "cache_prompt": False}, {
-                    "command": shlex.join(server.process.args),
-                    "weights": {"file": str(gguf), "types": gguf_info["tensor_types"]},
-                    "threads": THREADS, "parallel_slots": props.get("total_slots"),
-                    "n_ctx": settings.get("n_ctx"), "build_info": props.get("build_info"),
-                    "build": llama_build, "log_facts": _llamacpp_log_facts(server.log_path),
-                    "blas": f"GGML_BLAS={llama_build['cmake'].get('GGML_BLAS')}",
-                    "cache": "cache_prompt false in every request (ignore_eos true); --cache-ram, "
-                             "--flash-attn, -b/-ub at their defaults",
-                    "model_ftype": props.get("model_ftype"),
-                    "log": str(server.log_path),
-                })
+                setup = llamacpp_setup(server, gguf, gguf_info, llama_build,
+                                       "cache_prompt false in every request (ignore_eos true); --cache-ram, "
+                                       "--flash-attn, -b/-ub at their defaults")
+                return EngineContender("llamacpp", server, {"ignore_eos": True, "cache_prompt": False}, setup)
             add("llamacpp", start_llamacpp)
 
         if not args.skip_peer:

@@ -18,7 +18,6 @@ import mmap
 import os
 import re
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from common import (
     mlxd_server,
     prepare_fp32_model,
     run_concurrently,
+    stop_gracefully,
     wait_for_quiet,
 )
 from kvstore.segments import COMPRESSION_LZ4, RecordHeader, list_segments, read_record, scan_segment
@@ -144,18 +144,6 @@ def warm_up(server: Server) -> None:
     does not pay for first-call setup."""
     body = {"model": server.model, "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2}
     run_concurrently(server.base_url, [body], path="/v1/chat/completions")
-
-
-def stop_gracefully(server: Server, timeout_s: float = 60.0) -> bool:
-    """SIGTERM to the router alone, as a service manager would: it drains, stops the worker
-    (which flushes its SSD writes), then the kvstore (which syncs). True if it exited."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(server.process.pid, signal.SIGTERM)
-    try:
-        server.process.wait(timeout=timeout_s)
-        return True
-    except Exception:
-        return False
 
 
 def run_service(model_dir: Path, home: Path, label: str, flags: list[str], max_tokens: int,

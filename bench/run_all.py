@@ -19,17 +19,20 @@ from common import emit
 
 BENCH_DIR = Path(__file__).resolve().parent
 # agent_clients.py and claude_code_compaction.py drive the real Claude Code and Codex CLIs
-# against a service you started (opt-in); engine.py builds llama.cpp on first use and runs
-# four servers on two models, far longer than the others (opt-in too); dashboard_screenshot.py
-# is no benchmark: it draws the README's picture of the dashboard; tool_calls.py answers 100+
-# turns twice on two Qwen models (opt-in: about half an hour on an idle 2-core machine)
-NOT_SCENARIOS = {"run_all.py", "common.py", "agent_clients.py", "claude_code_compaction.py", "engine.py",
-                 "dashboard_screenshot.py", "tool_calls.py"}
+# against a service you started (opt-in); dashboard_screenshot.py is no benchmark: it draws
+# the README's picture of the dashboard
+NOT_SCENARIOS = {"run_all.py", "common.py", "agent_clients.py", "claude_code_compaction.py",
+                 "dashboard_screenshot.py"}
+# These build llama.cpp on first use or answer hundreds of turns, and run for far longer than
+# the others (engine.py: four servers on two models; agent_session.py: a 20-turn session on
+# three servers; tool_calls.py: 100+ turns twice on two Qwen models): only with --only
+LONG_SCENARIOS = {"engine.py", "agent_session.py", "tool_calls.py"}
 
 
-def scenarios() -> list[Path]:
-    """The scenario scripts, in name order."""
-    return sorted(p for p in BENCH_DIR.glob("*.py") if p.name not in NOT_SCENARIOS and not p.name.startswith("_"))
+def scenarios(long: bool = False) -> list[Path]:
+    """The scenario scripts, in name order; the long ones too if `long`."""
+    excluded = NOT_SCENARIOS if long else NOT_SCENARIOS | LONG_SCENARIOS
+    return sorted(p for p in BENCH_DIR.glob("*.py") if p.name not in excluded and not p.name.startswith("_"))
 
 
 def run_scenario(script: Path) -> dict[str, Any]:
@@ -51,12 +54,14 @@ def run_scenario(script: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", metavar="NAME",
-                        help="run only this scenario (file name without .py); repeatable")
+                        help="run only this scenario (file name without .py; the long ones, "
+                             f"{', '.join(sorted(n.removesuffix('.py') for n in LONG_SCENARIOS))}, run only "
+                             "when named); repeatable")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     args = parser.parse_args(argv)
-    selected = [s for s in scenarios() if not args.only or s.stem in args.only]
+    selected = [s for s in scenarios(long=bool(args.only)) if not args.only or s.stem in args.only]
     if args.only and len(selected) != len(set(args.only)):
-        known = ", ".join(s.stem for s in scenarios())
+        known = ", ".join(s.stem for s in scenarios(long=True))
         parser.error(f"unknown scenario in {args.only}; known: {known}")
     results: dict[str, Any] = {}
     for script in selected:

@@ -10,6 +10,7 @@ is measured in the same run and printed next to it. Prints JSON (stdout) and a t
 (stderr).
 
     python bench/step_profile.py [--model DIR] [--dtype auto|float32] [--batch 1 8]
+        [--chunk 512] [--prefill-context 0 8000 20000]
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ def profile_prefill(model: nn.Module, chunk: int, context: int) -> dict[str, Any
     """One prefill chunk of `chunk` tokens after `context` cached ones."""
     def fresh() -> list[Any]:
         caches = make_prompt_cache(model)
-        if context:
-            model(_prompt(context, 99)[None], cache=caches)
+        prompt = _prompt(context, 99)[None]
+        for start in range(0, context, 1024):  # in pieces, as the service prefills a long prompt
+            model(prompt[:, start : start + 1024], cache=caches)
             mx.eval([c.state for c in caches])
         return caches
 
@@ -216,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=300, help="tokens already in the cache when decoding")
     parser.add_argument("--steps", type=int, default=20, help="decode steps timed per measurement")
     parser.add_argument("--chunk", type=int, default=512, help="prefill chunk to profile (0: skip)")
+    parser.add_argument("--prefill-context", type=int, nargs="+", default=[0],
+                        help="tokens already in the cache before the prefill chunk (several: one profile "
+                             "each; a warm agent turn prefills ~1K new tokens after the whole session)")
     args = parser.parse_args(argv)
     loaded = load_for_serving(args.model, args.dtype)
     result: dict[str, Any] = {
@@ -228,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         decode = profile_decode(loaded.model, batch, args.context, args.steps)
         result["decode"][f"batch_{batch}"] = decode
         _print_table(f"decode, batch {batch}, context {args.context}", decode)
-    if args.chunk:
-        result["prefill"] = profile_prefill(loaded.model, args.chunk, context=0)
-        _print_table(f"prefill chunk of {args.chunk} tokens", result["prefill"])
+    for context in args.prefill_context if args.chunk else []:
+        prefill = profile_prefill(loaded.model, args.chunk, context=context)
+        result["prefill" if context == 0 else f"prefill_after_{context}"] = prefill
+        _print_table(f"prefill chunk of {args.chunk} tokens after {context} cached", prefill)
     print(json.dumps(result, indent=2))
     return 0
 
