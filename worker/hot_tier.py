@@ -89,17 +89,27 @@ class HotTier:
     def longest_run(self, keys: Sequence[BlockKey]) -> list[Any]:
         """Payloads of the longest run of `keys`, from the first, that are all present.
 
-        Counts one hit per block found and one miss for the first block not found."""
+        Counts one hit per block found and one miss for the first block not found; the
+        run is refreshed as `refresh` does."""
         run: list[Any] = []
         for key in keys:
             entry = self._entries.get(key)
             if entry is None:
                 self.stats.misses += 1
                 break
-            self._entries.move_to_end(key)
             run.append(entry[0])
         self.stats.hits += len(run)
+        self.refresh(keys[: len(run)])
         return run
+
+    def refresh(self, keys: Sequence[BlockKey]) -> None:
+        """Mark a chain of blocks (a prefix, first block first) used now, its first block
+        most recently: eviction then takes a prefix's last blocks before its first ones.
+        A block is only usable behind all the blocks before it, so evicting the head first
+        (plain LRU order, which touched the head earliest) lost the whole prefix at once."""
+        for key in reversed(keys):
+            if key in self._entries:
+                self._entries.move_to_end(key)
 
     def put(self, key: BlockKey, payload: Any, nbytes: int) -> bool:
         """Store a block (or refresh its recency); False if it cannot fit at all, beside

@@ -363,6 +363,7 @@ class PrefixCache:
             if self.cold is not None:
                 self.cold.store(key, payload)
         plan.captured_blocks = complete
+        self.hot.refresh(plan.keys[:complete])  # the prefix's head stays the newest: evicted last
         self.seen.note_blocks(plan.keys, tokens, start, complete, plan.salt)
         if start == 0 and self.cold is not None:  # a new first block: its shadow on SSD, for miss reasons
             self.cold.store(*self.seen.shadow_record(tokens[:block], plan.salt))

@@ -45,6 +45,30 @@ def test_lookup_refreshes_recency() -> None:
     assert key(0) in cache and key(1) not in cache
 
 
+def test_a_prefix_loses_its_last_blocks_first() -> None:
+    """A hit on a chain leaves its head the newest: new traffic evicts the chain from its
+    end, so what survives is still a usable prefix (plain LRU evicted block 0 first and
+    with it every block behind it)."""
+    cache = HotTier(40)
+    chain = [key(i) for i in range(4)]
+    for i, k in enumerate(chain):
+        cache.put(k, i, 10)
+    assert cache.longest_run(chain) == [0, 1, 2, 3]
+    cache.put(key(10), "other", 10)
+    cache.put(key(11), "other", 10)
+    assert [k in cache for k in chain] == [True, True, False, False]
+    assert cache.longest_run(chain) == [0, 1]
+
+
+def test_refresh_keeps_a_chain_head_newest() -> None:
+    cache = HotTier(30)
+    for i in range(3):
+        cache.put(key(i), i, 10)
+    cache.refresh([key(0), key(1), key(2)])
+    cache.put(key(5), 5, 10)
+    assert key(0) in cache and key(1) in cache and key(2) not in cache
+
+
 def test_shared_block_is_stored_once() -> None:
     cache = HotTier(100)
     assert cache.put(key(1), "a", 40)
