@@ -54,7 +54,9 @@ class Setting:
         if self.value is None:
             return f"unset {self.name}  # {self.why}"
         value = mask(self.value) if self.secret else self.value
-        return f"{self.name} {value}  # {self.why}" if self.name.startswith("-") else f"{self.name}={value}  # {self.why}"
+        if not self.name.startswith("-"):
+            return f"{self.name}={value}  # {self.why}"
+        return f"{self.name} {value}  # {self.why}" if value else f"{self.name}  # {self.why}"
 
 
 @dataclass
@@ -79,6 +81,11 @@ class Plan:
 
     def variable(self, name: str, value: str | None, why: str, secret: bool = False) -> None:
         self.settings.append(Setting(name, value, why, secret))
+
+    def flag(self, flag: str, why: str) -> None:
+        """A bare switch: shown as one line, passed as one argument."""
+        self.settings.append(Setting(flag, "", why))
+        self.args.append(flag)
 
     def config_flag(self, flag: str, value: str, why: str) -> None:
         """A `-c key=value` style flag: shown as one line, passed as two arguments."""
@@ -114,6 +121,9 @@ def claude_plan(target: Target, environ: dict[str, str]) -> Plan:
     plan.variable("CLAUDE_CODE_ATTRIBUTION_HEADER", "0",
                   "no per-request billing line in the system prompt (it changes every request and would end "
                   "the cached prefix there; mlxd strips it anyway)")
+    plan.flag("--exclude-dynamic-system-prompt-sections",
+              "the per-project parts of the system prompt (working directory, memory path, git status) go into "
+              "the first user message, so a session in another project reuses the cached system prompt")
     return plan
 
 

@@ -30,7 +30,9 @@ def test_claude_reaches_the_service_on_served_models_with_the_window() -> None:
     assert all(env[name] == CLAUDE_ALIAS for name in CLAUDE_MODEL_VARIABLES)
     assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "4096"
     assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
-    assert plan.args == []  # the user's arguments are the whole command line
+    # per-project sections out of the system prompt: a session in another project starts warm
+    assert plan.args == ["--exclude-dynamic-system-prompt-sections"]
+    assert "--exclude-dynamic-system-prompt-sections  # " in "\n".join(s.shown() for s in plan.settings)
     assert "unset ANTHROPIC_API_KEY" in "\n".join(s.shown() for s in plan.settings)
 
 
