@@ -12,12 +12,9 @@ as the template would, without the marks.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from protocol.generated_turns import GENERATED_TOKENS
-
-log = logging.getLogger(__name__)
 
 # private-use code points: no client text holds them, and they survive any template
 PLACEHOLDER = "\ue000mlxd-generated-{}\ue001"
