@@ -11,6 +11,11 @@ then render them to token ids as mlxd does and diff each with the one before.
       router logged (`after N+M tokens (K cached)`, in order). The median cached fraction
       of the requests after the first is the figure issue 30 asks for.
 
+  python bench/prefix_breaks.py shared A.json B.json --model-dir MODEL [--block-tokens 256]
+      two recorded requests (e.g. one agent's first request in two projects): the tokens
+      their prompts share under each prompt layout (`stable_first`, `template`), and the
+      whole blocks of it, which is what the prefix cache serves B after A
+
 A break inside the previous prompt is a cache-buster: something the client changed in
 history it already sent (or mlxd renders differently). A break after it is the new turn,
 or the previous answer rendered unlike the tokens the model generated.
@@ -65,7 +70,7 @@ def run_proxy(upstream: str, port: int, out: Path) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def render(record: dict[str, Any], tokenizer: Any) -> list[int] | None:
+def render(record: dict[str, Any], tokenizer: Any, layout: str | None = None) -> list[int] | None:
     """The prompt token ids mlxd renders for one recorded body (None: not a chat route)."""
     from router.api import anthropic_messages, openai_chat, openai_responses
     from router.api.response_store import ResponseStore
@@ -81,7 +86,32 @@ def render(record: dict[str, Any], tokenizer: Any) -> list[int] | None:
     else:
         return None
     add = parsed.add
-    return render_chat(tokenizer, add.messages, add.tools, add.continue_final_message)
+    if layout is None:
+        return render_chat(tokenizer, add.messages, add.tools, add.continue_final_message)
+    return render_chat(tokenizer, add.messages, add.tools, add.continue_final_message, layout=layout)
+
+
+def shared(first: Path, second: Path, model_dir: Path, block_tokens: int) -> dict[str, Any]:
+    """What the prefix cache can serve `second` once `first` was computed, per layout."""
+    from mlx_lm.utils import load_tokenizer
+
+    from protocol.settings import PROMPT_LAYOUTS
+
+    tokenizer = load_tokenizer(model_dir)
+    records = [json.loads(path.read_text()) for path in (first, second)]
+    out: dict[str, Any] = {"first": str(first), "second": str(second), "model": model_dir.name,
+                           "block_tokens": block_tokens, "layouts": {}}
+    for layout in PROMPT_LAYOUTS:
+        a, b = (render(record, tokenizer, layout) for record in records)
+        assert a is not None and b is not None, "not a chat route"
+        common = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        whole = min(common, len(b) - 1) // block_tokens * block_tokens  # a hit leaves one token to prefill
+        out["layouts"][layout] = {
+            "prompt_tokens": len(b), "shared_tokens": common, "cacheable_tokens": whole,
+            "cacheable_fraction": round(whole / len(b), 4),
+            "breaks_at": tokenizer.decode(b[max(0, common - 12) : common + 12]),
+        }
+    return out
 
 
 def report(captured: Path, model_dir: Path, log: Path | None) -> dict[str, Any]:
@@ -125,11 +155,20 @@ def main() -> None:
     rep.add_argument("--model-dir", type=Path, required=True)
     rep.add_argument("--log", type=Path)
     rep.add_argument("--out", type=Path)
+    both = commands.add_parser("shared")
+    both.add_argument("first", type=Path)
+    both.add_argument("second", type=Path)
+    both.add_argument("--model-dir", type=Path, required=True)
+    both.add_argument("--block-tokens", type=int, default=256)
+    both.add_argument("--out", type=Path)
     args = parser.parse_args()
     if args.command == "proxy":
         run_proxy(args.upstream.rstrip("/"), args.port, args.out)
         return
-    result = report(args.captured, args.model_dir, args.log)
+    if args.command == "shared":
+        result = shared(args.first, args.second, args.model_dir, args.block_tokens)
+    else:
+        result = report(args.captured, args.model_dir, args.log)
     text = json.dumps(result, indent=1, ensure_ascii=False)
     print(text)
     if args.out:
