@@ -42,6 +42,7 @@ def _max_err(a: mx.array, b: mx.array) -> float:
         (8, 9, 3, 1, 97, 64),  # batched decode
         (1, 9, 3, 300, 300, 64),  # prefill from scratch
         (1, 8, 2, 61, 700, 64),  # prefill after a prefix-cache hit
+        (1, 14, 2, 45, 1300, 64),  # after a long context: keys in several blocks, row groups and a partial one
         (2, 4, 4, 5, 37, 128),  # multi-head, head dim 128
         (3, 6, 3, 7, 20, 32),  # odd sizes: keys not a multiple of the tile
     ],
@@ -84,6 +85,20 @@ def test_attention_reads_cache_views_and_transposed_queries() -> None:
     q1 = _normal(1, 9, 1, 64, seed=11)
     want = mx.fast.scaled_dot_product_attention(q1, k_t, v1, scale=0.125)
     assert _max_err(kernels.attention(q1, k_t, v1, scale=0.125), want) < TOL
+
+
+def test_a_prefill_row_after_a_long_context_is_bit_identical_to_it_alone() -> None:
+    """A warm agent turn prefills its new tokens after thousands of cached ones, in row
+    groups that take the keys block by block; each row must come out as it would alone
+    (its token decoded after the same keys), or cached answers would drift from uncached."""
+    length, keys = 70, 1400
+    q = _normal(1, 14, length, 64, seed=15)
+    k, v = _normal(1, 2, keys, 64, seed=16), _normal(1, 2, keys, 64, seed=17)
+    segment = kernels.attention(q, k, v, scale=0.125, causal=True)
+    for i in (0, 31, 32, 69):
+        visible = keys - length + i + 1
+        alone = kernels.attention(q[:, :, i : i + 1], k[:, :, :visible], v[:, :, :visible], scale=0.125)
+        assert mx.array_equal(segment[:, :, i : i + 1], alone).item(), f"row {i} differs"
 
 
 def test_a_row_is_bit_identical_alone_and_in_a_batch() -> None:

@@ -23,6 +23,13 @@ enum MaskKind : int { kNone = 0, kCausal = 1, kBool = 2, kAdditive = 3 };
 
 constexpr int kTileRows = 4;   // query rows per register tile
 constexpr int kTileKeys = 16;  // score rows are padded to a multiple of this (vector loops)
+// A long context's keys and values do not fit in cache: read once per 4-row tile, they
+// made attention memory-bound (a 512-token chunk after 22K cached tokens: ~6 CPU-s per
+// layer, ~30x the chunk's matmuls). So the tiles of a group of rows take each block of
+// keys (and then of values) in turn while it is in L2: 256 rows of a 64-float head are
+// 64 KB. Every row still sums in key order, so the results are the same bits.
+constexpr int kGroupTiles = 8;
+constexpr int kKeyBlock = 256;  // a multiple of 4: keys take the same 4-key or 1-key path as unblocked
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // Everything a task needs; copied into the dispatched closure (no references to arrays).
@@ -107,33 +114,37 @@ float softmax_row(const Job& job, int b, int h, int i, int limit, int sp, float*
   return 1.0f / sum;
 }
 
-// For a tile of query rows: out[r] = inv[r] * sum_j p[r][j] * V[j], over NV vectors
-// (8 * NV floats) of the head dim starting at float `first`. Each value row is loaded
-// once per tile, not once per query row; keys past a row's limit have p = 0.
+// For a tile of query rows: acc[r] += sum_j p[r][j] * V[j] over keys [j0, j1), for NV
+// vectors (8 * NV floats) of the head dim starting at float `first`; `acc` holds each
+// row's running sums (D floats a row), so a row's sums run in key order across blocks.
+// Each value row is loaded once per tile, not once per query row; keys past a row's
+// limit have p = 0.
 template <int NV>
-void weighted_values_part(const float* p, int width, int keys, const float* v, int64_t vstride,
-                          const float* inv, int first, float* const* outs, int rows) {
-  v8f acc[kTileRows][NV] = {};
-  for (int j = 0; j < keys; ++j) {
+void weighted_values_part(const float* p, int width, int j0, int j1, const float* v, int64_t vstride, int D,
+                          int first, float* acc) {
+  v8f a[kTileRows][NV];
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int t = 0; t < NV; ++t) a[r][t] = load8(acc + r * D + first + 8 * t);
+  }
+  for (int j = j0; j < j1; ++j) {
     const float* row = v + j * vstride + first;
     v8f vals[NV];
     for (int t = 0; t < NV; ++t) vals[t] = load8(row + 8 * t);
     for (int r = 0; r < kTileRows; ++r) {
       v8f w = splat(p[r * width + j]);
-      for (int t = 0; t < NV; ++t) acc[r][t] += w * vals[t];
+      for (int t = 0; t < NV; ++t) a[r][t] += w * vals[t];
     }
   }
-  for (int r = 0; r < rows; ++r) {
-    v8f scale = splat(inv[r]);
-    for (int t = 0; t < NV; ++t) store8(outs[r] + first + 8 * t, acc[r][t] * scale);
+  for (int r = 0; r < kTileRows; ++r) {
+    for (int t = 0; t < NV; ++t) store8(acc + r * D + first + 8 * t, a[r][t]);
   }
 }
 
-void weighted_values(const float* p, int width, int keys, const float* v, int64_t vstride, int D,
-                     const float* inv, float* const* outs, int rows) {
+void weighted_values(const float* p, int width, int j0, int j1, const float* v, int64_t vstride, int D,
+                     float* acc) {
   int first = 0;
-  for (; first + 32 <= D; first += 32) weighted_values_part<4>(p, width, keys, v, vstride, inv, first, outs, rows);
-  for (; first < D; first += 8) weighted_values_part<1>(p, width, keys, v, vstride, inv, first, outs, rows);
+  for (; first + 32 <= D; first += 32) weighted_values_part<4>(p, width, j0, j1, v, vstride, D, first, acc);
+  for (; first < D; first += 8) weighted_values_part<1>(p, width, j0, j1, v, vstride, D, first, acc);
 }
 
 int keys_width(int keys) {
@@ -157,39 +168,64 @@ void run_item(const Job& job, int64_t item) {
   const int width = keys_width(keys);
   const int D = job.D;
 
-  thread_local std::vector<float> qs, scores;
-  qs.resize(static_cast<size_t>(kTileRows) * D);
-  scores.resize(static_cast<size_t>(kTileRows) * width);
+  constexpr int kGroupRows = kTileRows * kGroupTiles;
+  thread_local std::vector<float> qs, scores, acc;
+  qs.resize(static_cast<size_t>(kGroupRows) * D);
+  scores.resize(static_cast<size_t>(kGroupRows) * width);
+  acc.resize(static_cast<size_t>(kGroupRows) * D);
+  const float* kbase = job.k + b * job.ks[0] + kvh * job.ks[1];
   const float* vbase = job.v + b * job.vs[0] + kvh * job.vs[1];
 
-  for (int rb = r0; rb < r1; rb += kTileRows) {
-    const int rows = std::min(kTileRows, r1 - rb);
-    std::fill(qs.begin(), qs.end(), 0.0f);
-    for (int r = 0; r < rows; ++r) {
-      const int i = (rb + r) / G, h = kvh * G + (rb + r) % G;
+  for (int gb = r0; gb < r1; gb += kGroupRows) {
+    const int group_rows = std::min(kGroupRows, r1 - gb);
+    const int tiles = (group_rows + kTileRows - 1) / kTileRows;
+    std::fill(qs.begin(), qs.end(), 0.0f);  // rows past the real ones stay zero
+    for (int r = 0; r < group_rows; ++r) {
+      const int i = (gb + r) / G, h = kvh * G + (gb + r) % G;
       const float* qrow = job.q + b * job.qs[0] + h * job.qs[1] + i * job.qs[2];
       for (int d = 0; d < D; ++d) qs[r * D + d] = qrow[d] * job.scale;
     }
-    score_rows_direct(qs.data(), rows, job.k + b * job.ks[0] + kvh * job.ks[1], job.ks[2], keys, D, width,
-                      scores.data());
-    float inv[kTileRows] = {};
-    float* outs[kTileRows] = {};
-    int keys_used = 0;
-    for (int r = 0; r < kTileRows; ++r) {
+    for (int kb = 0; kb < keys; kb += kKeyBlock) {
+      const int n = std::min(kKeyBlock, keys - kb);
+      for (int t = 0; t < tiles; ++t) {
+        score_rows_direct(qs.data() + static_cast<size_t>(t) * kTileRows * D,
+                          std::min(kTileRows, group_rows - t * kTileRows), kbase + kb * job.ks[2], job.ks[2], n,
+                          D, width, scores.data() + static_cast<size_t>(t) * kTileRows * width + kb);
+      }
+    }
+    float inv[kGroupRows] = {};
+    float* outs[kGroupRows] = {};
+    int keys_used[kGroupTiles] = {};
+    for (int r = 0; r < tiles * kTileRows; ++r) {
       float* s = scores.data() + static_cast<size_t>(r) * width;
-      if (r >= rows) {  // padding rows of the tile take no part
+      if (r >= group_rows) {  // padding rows of the last tile take no part
         std::fill(s, s + width, 0.0f);
         continue;
       }
-      const int i = (rb + r) / G, h = kvh * G + (rb + r) % G;
+      const int i = (gb + r) / G, h = kvh * G + (gb + r) % G;
       const int limit = limit_of(i);
       inv[r] = softmax_row(job, b, h, i, limit, width, s);
       outs[r] = job.out + ((static_cast<int64_t>(b) * job.Hq + h) * job.L + i) * D;
-      keys_used = std::max(keys_used, limit);
+      keys_used[r / kTileRows] = std::max(keys_used[r / kTileRows], limit);
     }
-    weighted_values(scores.data(), width, keys_used, vbase, job.vs[2], D, inv, outs, rows);
-    for (int r = 0; r < rows; ++r) {
-      if (inv[r] == 0.0f) std::fill(outs[r], outs[r] + D, 0.0f);  // a row that sees no key
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    const int most = *std::max_element(keys_used, keys_used + tiles);
+    for (int kb = 0; kb < most; kb += kKeyBlock) {
+      for (int t = 0; t < tiles; ++t) {
+        const int end = std::min(kb + kKeyBlock, keys_used[t]);
+        if (end > kb) {
+          weighted_values(scores.data() + static_cast<size_t>(t) * kTileRows * width, width, kb, end, vbase,
+                          job.vs[2], D, acc.data() + static_cast<size_t>(t) * kTileRows * D);
+        }
+      }
+    }
+    for (int r = 0; r < group_rows; ++r) {
+      if (inv[r] == 0.0f) {  // a row that sees no key
+        std::fill(outs[r], outs[r] + D, 0.0f);
+        continue;
+      }
+      v8f scale = splat(inv[r]);
+      for (int d = 0; d < D; d += 8) store8(outs[r] + d, load8(acc.data() + r * D + d) * scale);
     }
   }
 }
