@@ -109,5 +109,7 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
     app.state.reloader = reloader
     app.state.startup = startup
     app.state.drain = drain
-    app.state.call_memory = CallMemory()  # what the model generated for each tool call (router.call_memory)
+    # what the model generated for each tool call (router.call_memory)
+    app.state.call_memory = CallMemory(markup_only=config.generated_calls == "markup") \
+        if config.generated_calls != "never" else None
     return app

@@ -11,7 +11,11 @@ answer unchanged gets its token ids marked on the message (`GENERATED_TOKENS`) f
 worker to render. Unchanged means: same model, same calls in the same order with equal
 names and arguments (as JSON values: a client may reorder keys), same text around them;
 anything else renders from the calls as before, so the memory never changes what a
-prompt says, only which of its equal spellings it takes.
+prompt says, only which of its equal spellings it takes. By default (`generated_calls =
+"markup"`) only answers that wrote their calls in the template's own markup (`<tool_call>`)
+are remembered: one that wrote a bare JSON object or a code block is rendered back in the
+right form, which is what the model should see in its history (the cache then recomputes
+that turn from the call on); `"always"` remembers those too.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.generated_turns import GENERATED_TOKENS
+from protocol.tool_dialects import CALL_OPEN
 from router.tool_calls import ToolRequest, gather, make_parser
 
 logger = logging.getLogger(__name__)
@@ -72,8 +77,9 @@ class CallMemory:
     history message only when that message says exactly what the entry's answer said.
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, markup_only: bool = True) -> None:
         self.capacity = capacity
+        self.markup_only = markup_only  # remember only answers that wrote the template's call markup
         self._turns: collections.OrderedDict[str, GeneratedTurn] = collections.OrderedDict()
         self.num_marked = 0  # history turns rendered back as their generated tokens
 
@@ -95,6 +101,12 @@ class CallMemory:
         """Keep `answer` if it made calls: parsed again as its answer was (same parser,
         same call ids), so the calls are found under the ids the client got."""
         if not answer.token_ids or self.capacity <= 0:
+            return
+        if self.markup_only and CALL_OPEN not in answer.text:
+            # calls written outside the template's markup (a bare JSON object, a code block):
+            # rendered back as written, the history would teach the model that form (seen on
+            # Qwen2.5-Coder-1.5B: its answer after the result came as a ```json call). The
+            # template's rendering shows the right form; that turn recomputes from the call.
             return
         parser = make_parser(tools, dialect, request_id)
         content, calls = gather(parser.feed(answer.text) + parser.finish())

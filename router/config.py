@@ -116,6 +116,15 @@ class RouterConfig:
         "how long a write to a client may wait for it to read (a stalled client holds at most the socket's "
         "buffers); past it the request is cancelled, so its decode slot goes to others",
     )
+    generated_calls: str = setting(
+        "markup",
+        "how a tool call the model made comes back in the next turn's prompt: markup = as the model's own tokens "
+        "when it wrote the template's call markup (the prefix cache then keeps the whole turn), else from the "
+        "call in the right form; always = as its own tokens however it wrote the call (more cache hits, but a "
+        "small model that wrote a bare JSON call sees that form in its history and repeats it); never = from "
+        "the call, as the template renders it",
+        choices=("markup", "always", "never"),
+    )
     normalize_billing_header: bool = setting(
         True,
         "drop the per-request billing line Claude Code puts first in its system prompt "

@@ -28,7 +28,10 @@ ASK = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def service(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(["--model", str(qwen_model_dir)], home=tmp_path_factory.mktemp("home"))
+    # Qwen2.5-Coder-0.5B writes its calls as bare JSON objects, which the default
+    # (`generated_calls = "markup"`) renders back in the template's markup: `always` is the
+    # setting whose tokens these tests follow into the next turn
+    svc = Service(["--model", str(qwen_model_dir), "--generated-calls", "always"], home=tmp_path_factory.mktemp("home"))
     try:
         svc.wait_ready(timeout=300)
         yield svc

@@ -107,3 +107,20 @@ def test_answers_without_calls_are_not_kept_and_the_memory_is_bounded() -> None:
     assert all(GENERATED_TOKENS not in m for m in memory.mark(MODEL, history(content, oldest)))
     content, newest = answered(CallMemory(), "r3")
     assert GENERATED_TOKENS in memory.mark(MODEL, history(content, newest))[1]
+
+
+def test_calls_written_outside_the_markup_are_rendered_back_in_it() -> None:
+    """A bare JSON call (the parser still finds it) is not remembered: rendered as the model
+    wrote it, the history would teach the model that form."""
+    memory = CallMemory()
+    bare = '{"name": "Read", "arguments": {"file_path": "/a.py"}}'
+    content, calls = answered(memory, text=bare)
+    assert [c.name for c in calls] == ["Read"]  # a call to the client all the same
+    assert len(memory) == 0
+    assert GENERATED_TOKENS not in memory.mark(MODEL, history(content, calls))[1]
+
+
+def test_always_remembers_calls_written_outside_the_markup() -> None:
+    memory = CallMemory(markup_only=False)
+    content, calls = answered(memory, text='{"name": "Read", "arguments": {"file_path": "/a.py"}}')
+    assert GENERATED_TOKENS in memory.mark(MODEL, history(content, calls))[1]
