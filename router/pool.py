@@ -360,7 +360,7 @@ class WorkerPool:
             finally:
                 self.states.pop(model_id, None)
             self.metrics.observe_load(model_id, time.monotonic() - started)
-            self.last_used.setdefault(model_id, time.time())
+            self.last_used[model_id] = time.time()  # its TTL counts from now, not from a request that waited
             return supervisor
 
     async def _make_room(self, model_id: str, need: int) -> None:
@@ -427,8 +427,10 @@ class WorkerPool:
             now = time.time()
             for model_id in list(self.supervisors):
                 ttl = self.ttl_s(model_id)
-                if not ttl or model_id in self.pinned or self.in_flight(model_id):
-                    continue
+                supervisor = self.supervisors.get(model_id)
+                if not ttl or model_id in self.pinned or self.in_flight(model_id) or (
+                        supervisor is not None and supervisor.state != "ready"):
+                    continue  # a model still loading (requests wait for it) is not idle
                 if now - self.last_used.get(model_id, now) > ttl:
                     logger.info("%s idle for more than %.0f s; unloading", model_id, ttl)
                     async with self._load_lock:
