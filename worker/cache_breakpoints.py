@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from protocol.cache_breakpoints import TTL_1H_S, CacheBreakpoint
+from worker.common_prefix import common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +46,6 @@ class CacheCreation:
 
     tokens: int = 0
     tokens_1h: int = 0
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def cut_request(messages: Messages, tools: Tools, point: CacheBreakpoint) -> tuple[Messages, Tools]:

@@ -26,6 +26,7 @@ from protocol.cache_misses import (
     CACHE_SALT, DIVERGED, EVICTED, FIRST_SEEN, MODEL_CHANGED, PARTIAL_BLOCK,
     CacheMisses, Divergence,
 )
+from worker.common_prefix import common_prefix
 
 MAX_ENTRIES = 16384  # blocks and tails remembered (~20 MiB at 256-token blocks: ids are 4 bytes)
 MAX_CHILDREN = 16  # continuations remembered per parent key (newest kept)
@@ -44,15 +45,6 @@ def shadow_digest(first_block: Sequence[int]) -> bytes:
 
 def _salt_digest(salt: str | None) -> bytes:
     return hashlib.blake2b((salt or "").encode("utf-8"), digest_size=8).digest() if salt else b""
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass
@@ -238,7 +230,7 @@ class SeenPrefixes:
             rest = prompt_ids[start:]
             parent = keys[known - 1] if known else root
             candidates = [(k, self._entries[k]) for k in self._children.get(parent, ())]
-            matched = [(_common_prefix(e.tokens, rest), k, e) for k, e in candidates]
+            matched = [(common_prefix(e.tokens, rest), k, e) for k, e in candidates]
             best = max((n for n, _, _ in matched), default=0)
             trace.seen_tokens = start + best
             # a first block known only under another salt or model says more than a
@@ -270,7 +262,7 @@ class SeenPrefixes:
             if self.whole_tails:
                 n = len(entry.tokens) if array("I", following[: len(entry.tokens)]) == entry.tokens else 0
             else:
-                n = _common_prefix(entry.tokens, following)
+                n = common_prefix(entry.tokens, following)
             if n > best:
                 best, best_key = n, key
         if refresh and best_key is not None:

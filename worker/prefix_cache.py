@@ -24,6 +24,7 @@ from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
 from protocol.cache_misses import CacheMisses
 from worker.breakpoint_pins import DEFAULT_MAX_SHARE, BreakpointPins
 from worker.cold_tier import ColdTier, ColdTierStats
+from worker.common_prefix import common_prefix
 from worker.hot_tier import HotTier
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
 from worker.miss_reasons import SeenPrefixes
@@ -31,15 +32,6 @@ from worker.miss_reasons import SeenPrefixes
 log = logging.getLogger(__name__)
 
 _TAILS_PER_PARENT = 8
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def tail_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
@@ -226,7 +218,7 @@ class PrefixCache:
             if self.snapshots:
                 n = len(tokens) if tuple(following[: len(tokens)]) == tokens else 0
             else:
-                n = _common_prefix(tokens, following)
+                n = common_prefix(tokens, following)
             if n > 0 and (best is None or n > best[0]):
                 best = (n, key)
         self._tails[parent] = alive
@@ -282,7 +274,7 @@ class PrefixCache:
             if self.snapshots:
                 n = len(tokens) if tuple(following[: len(tokens)]) == tokens else 0
             else:
-                n = _common_prefix(tokens, following)
+                n = common_prefix(tokens, following)
             best = max(best, n)
         return best
 

@@ -12,6 +12,7 @@ from mlx_lm.utils import load_tokenizer
 
 from protocol.generated_turns import GENERATED_TOKENS
 from tests.worker import chat_templates
+from worker.common_prefix import common_prefix
 from worker.prompts import render_chat
 
 READ = {"type": "function", "function": {
@@ -44,15 +45,6 @@ def turn2(generated: list[int] | None, content: str = "") -> list[dict[str, Any]
     return [*TURN1, call_turn, RESULT]
 
 
-def common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("generated_text", GENERATIONS)
 def test_the_turn_after_a_call_starts_with_turn_one_and_the_generated_tokens(tokenizer: Any,
                                                                              generated_text: str) -> None:
@@ -67,7 +59,7 @@ def test_the_turn_after_a_call_starts_with_turn_one_and_the_generated_tokens(tok
     assert rendered.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\nprint('hi')\n</tool_response>")
     # without the mark the template spells the call its own way: the cache would miss from there
     plain = render_chat(tokenizer, turn2(None, content), [READ])
-    assert common(plain, cached) < len(cached)
+    assert common_prefix(plain, cached) < len(cached)
 
 
 def test_the_generated_ids_go_in_as_they_were_not_as_their_text_retokenizes(tokenizer: Any) -> None:

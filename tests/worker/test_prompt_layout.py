@@ -17,6 +17,7 @@ import transformers
 from protocol.settings import TEMPLATE_LAYOUT
 from protocol.tool_dialects import LLAMA3_JSON
 from tests.worker import chat_templates
+from worker.common_prefix import common_prefix
 from worker.prompt_layout import ToolsBlock, find_tools_block, special_token_texts, tools_first
 from worker.prompts import render_chat, tools_go_first
 from worker.tool_prompt import detect_tool_dialect, fallback_tools_text
@@ -59,15 +60,6 @@ def qwen(qwen_model_dir: Path) -> Any:
 def smollm2(default_model_dir: Path) -> Any:
     """SmolLM2's real tokenizer: its template has no tools, so they go in mlxd's fallback dialect."""
     return transformers.AutoTokenizer.from_pretrained(default_model_dir)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def template_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
