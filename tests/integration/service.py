@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -82,3 +83,11 @@ class Service:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def kv_block_bytes(model_dir: Path, block_tokens: int) -> int:
+    """A worker's hot-tier size of one block of this model: K and V of every layer, float32
+    on a CPU (tests size a small hot tier in blocks with it)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4 * block_tokens

@@ -16,7 +16,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, kv_block_bytes
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -37,7 +37,7 @@ def text_of(seed: int, num_words: int = 260) -> str:
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """A hot tier of a few blocks and no cold tier: only a pin can keep a prefix through
     other traffic. Its byte size comes from the model's block size (fp32 K and V here)."""
-    block_bytes = _block_bytes(default_model_dir)
+    block_bytes = kv_block_bytes(default_model_dir, BLOCK_TOKENS)
     svc = Service(["--model", str(default_model_dir), "--no-cold-tier", "--block-tokens", str(BLOCK_TOKENS),
                    "--hot-tier-bytes", str(HOT_TIER_BLOCKS * block_bytes), "--max-output-tokens", "4",
                    "--heartbeat-s", "0.5"], home=tmp_path_factory.mktemp("home"))
@@ -46,13 +46,6 @@ def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         yield svc
     finally:
         svc.stop()
-
-
-def _block_bytes(model_dir: Path) -> int:
-    """Bytes of one block of SmolLM2's KV cache (30 layers, 3 KV heads of 64, K and V)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    head_dim = config["hidden_size"] // config["num_attention_heads"]
-    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * BLOCK_TOKENS * 4
 
 
 @pytest.fixture(scope="module")

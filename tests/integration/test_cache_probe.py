@@ -5,7 +5,6 @@ LRU order (checked by eviction, with a request in the probe's place as the contr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,24 +13,17 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, kv_block_bytes
 
 pytestmark = pytest.mark.timeout(600)
 
 BLOCK = 64  # small blocks: short prompts fill several
 
 
-def block_bytes(model_dir: Path) -> int:
-    """The hot tier's size of one block: K and V of every layer, float32 on a CPU."""
-    config = json.loads((model_dir / "config.json").read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4 * BLOCK
-
-
 @pytest.fixture(scope="module")
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     # 7.5 blocks: the eviction test below counts on it
-    hot = int(7.5 * block_bytes(default_model_dir))
+    hot = int(7.5 * kv_block_bytes(default_model_dir, BLOCK))
     svc = Service(["--model", str(default_model_dir), "--block-tokens", str(BLOCK), "--hot-tier-bytes", str(hot)],
                   home=tmp_path_factory.mktemp("home"))
     try:

@@ -13,8 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.service import Service
-from tests.integration.test_cache_probe import block_bytes
+from tests.integration.service import Service, kv_block_bytes
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -29,7 +28,7 @@ FOLLOW_UP = [*SNAPSHOT_MESSAGES, {"role": "assistant", "content": "Rule 3."},
 
 
 def start(model_dir: Path, home: Path) -> Service:
-    size = block_bytes(model_dir)
+    size = kv_block_bytes(model_dir, BLOCK)
     svc = Service(["--model", str(model_dir), "--block-tokens", str(BLOCK),
                    "--hot-tier-bytes", str(9 * size),  # 9 blocks of RAM per worker
                    "--segment-bytes", str(4 << 20),  # one block per segment: an evicted block frees its file

@@ -5,7 +5,6 @@ evicted from a hot tier too small with no cold tier)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
-from tests.integration.service import Service
+from tests.integration.service import Service, kv_block_bytes
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,16 +24,9 @@ HOT_BLOCKS = 14  # the hot tier holds this many blocks: a few other prompts evic
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def block_bytes(model_dir: Path) -> int:
-    """The hot tier's size of one block: K and V of every layer, float32 on a CPU."""
-    config = json.loads((model_dir / "config.json").read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4 * BLOCK
-
-
 @pytest.fixture(scope="module")
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    hot = HOT_BLOCKS * block_bytes(default_model_dir)
+    hot = HOT_BLOCKS * kv_block_bytes(default_model_dir, BLOCK)
     svc = Service(["--model", str(default_model_dir), "--block-tokens", str(BLOCK), "--hot-tier-bytes", str(hot),
                    "--no-cold-tier"], home=tmp_path_factory.mktemp("home"))
     try:
