@@ -17,7 +17,7 @@ from protocol.errors import RequestError, WorkerDead
 from protocol.messages import CacheCleared, ClearCache
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
-from router.supervisor import WorkerSupervisor
+from router.requests import ask
 
 logger = logging.getLogger(__name__)
 
@@ -31,15 +31,10 @@ def _hit_rate(hits: int, misses: int) -> float | None:
     return round(hits / (hits + misses), 3) if hits + misses else None
 
 
-def _ready_worker(pool: WorkerPool, model_id: str) -> WorkerSupervisor | None:
-    supervisor = pool.supervisors.get(model_id)
-    return supervisor if supervisor is not None and supervisor.state == "ready" else None
-
-
 def _hot_tier(pool: WorkerPool, model_id: str) -> dict[str, Any] | None:
     """The worker's hot tier as its last pong said (the figures /admin/status shows, at
     most heartbeat_s old); None when no worker of the model is ready."""
-    supervisor = _ready_worker(pool, model_id)
+    supervisor = pool.waits.ready_now(model_id)
     if supervisor is None:
         return None
     stats = (supervisor.last_pong.stats if supervisor.last_pong else {}) or {}
@@ -115,22 +110,17 @@ async def _requested_model(request: Request, pool: WorkerPool) -> str | None:
     return model_id
 
 
-async def _clear_hot(pool: WorkerPool, model_id: str, user_agent: str) -> tuple[dict[str, Any], str | None]:
-    """Ask `model_id`'s worker to drop its hot tier: (its entry in the answer, a note or None)."""
-    supervisor = _ready_worker(pool, model_id)
-    if supervisor is None:
-        return {"id": model_id, "loaded": False, "hot_tier": None}, None
-    stream = supervisor.open_request(ClearCache(f"cache-clear-{uuid.uuid4().hex[:12]}"))
-    stream.model, stream.user_agent = model_id, user_agent
+async def _clear_hot(request: Request, model_id: str) -> tuple[dict[str, Any], str | None]:
+    """Ask `model_id`'s worker, if it is loaded, to drop its hot tier: (its entry in the
+    answer, a note or None)."""
+    unloaded = {"id": model_id, "loaded": False, "hot_tier": None}
     try:
-        answer = await stream.next_event(timeout=WORKER_CLEAR_TIMEOUT_S)
+        answer = await ask(request, model_id, ClearCache(f"cache-clear-{uuid.uuid4().hex[:12]}"), CacheCleared,
+                           load=False, timeout_s=WORKER_CLEAR_TIMEOUT_S)
     except WorkerDead as exc:  # its hot tier went with it
-        return {"id": model_id, "loaded": False, "hot_tier": None}, f"the worker of '{model_id}' went away ({exc})"
-    if not isinstance(answer, CacheCleared):
-        stream.abort()
-        raise RequestError(f"the worker of '{model_id}' did not clear its hot tier within "
-                           f"{WORKER_CLEAR_TIMEOUT_S:.0f} s (busy with a long prefill step?); retry",
-                           status=503, error_type="server_error", code="worker_busy")
+        return unloaded, f"the worker of '{model_id}' went away ({exc})"
+    if answer is None:
+        return unloaded, None
     hot = {"blocks": answer.num_blocks, "bytes": answer.num_bytes, "dropped_writes": answer.num_dropped_writes}
     return {"id": model_id, "loaded": True, "hot_tier": hot}, None
 
@@ -144,8 +134,7 @@ async def clear_cache(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
     model_id = await _requested_model(request, pool)
     targets = pool.models if model_id is None else [model_id]
-    user_agent = request.headers.get("user-agent", "")
-    cleared = await asyncio.gather(*(_clear_hot(pool, m, user_agent) for m in targets))
+    cleared = await asyncio.gather(*(_clear_hot(request, m) for m in targets))
     notes = [note for _, note in cleared if note]
     if model_id is not None and not cleared[0][0]["loaded"] and not notes:
         notes.append(f"model '{model_id}' is not loaded ({pool.state_of(model_id)}): it has no hot tier; "

@@ -12,8 +12,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from router import admin, admin_cache, cache_probe, cache_snapshots, dashboard, metrics_route, openapi
-from router.api import health, models, openai_chat, openai_completions, openai_embeddings, openai_responses, rerank
-from router.api import anthropic_count_tokens, anthropic_messages
+from router.api import health, models
+from router.api.registry import DIALECTS
 from router.api_keys import KeyState, key_ring
 from router.call_memory import CallMemory
 from router.auth import APIKeyMiddleware
@@ -60,16 +60,9 @@ def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = 
         Route("/health", health.health, methods=["GET"]),
         Route("/api/hello", health.hello, methods=["GET"]),  # HEAD too: Starlette adds it to every GET
         Route("/openapi.json", openapi.openapi_json, methods=["GET"]),
-        Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", anthropic_count_tokens.count_tokens, methods=["POST"]),
         Route("/v1/models", models.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", models.get_model, methods=["GET"]),
-        Route("/v1/chat/completions", openai_chat.chat_completions, methods=["POST"]),
-        Route("/v1/completions", openai_completions.completions, methods=["POST"]),
-        Route("/v1/responses", openai_responses.responses, methods=["POST"]),
-        Route("/v1/embeddings", openai_embeddings.embeddings, methods=["POST"]),
-        Route("/v1/rerank", rerank.rerank, methods=["POST"]),
-        Route("/v2/rerank", rerank.rerank, methods=["POST"]),  # Cohere's v2 path, same body
+        *(Route(e.path, e.handler, methods=[e.method]) for d in DIALECTS for e in d.endpoints),
         Route("/metrics", metrics_route.metrics, methods=["GET"]),
         Route("/admin", dashboard.page, methods=["GET"]),
         Route("/admin/", dashboard.page, methods=["GET"]),

@@ -13,22 +13,13 @@ import logging
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router.api import anthropic_errors
 from router.api_keys import KeyState
-from router.http_errors import error_response
+from router.http_errors import error_response_for
 
 # Claude Code sends `HEAD /api/hello` with no key at start-up, as a connectivity check
 OPEN_PATHS = frozenset({"/health", "/api/hello"})
-ANTHROPIC_PATH = "/v1/messages"  # and everything under it: count_tokens
 
 logger = logging.getLogger(__name__)
-
-
-def is_anthropic(scope: Scope, headers: Headers) -> bool:
-    """A request from an Anthropic client, which expects Anthropic's error shape: one on an
-    Anthropic route, or one carrying the `anthropic-version` header its SDKs always send."""
-    path = scope["path"]
-    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/") or "anthropic-version" in headers
 
 
 def supplied_key(headers: Headers) -> str | None:
@@ -88,19 +79,13 @@ class APIKeyMiddleware:
             logger.info("refused %s %s to key %r: admin routes need the admin key",
                         scope["method"], scope["path"], key.name)
             message = f"the key {key.name!r} may not use {ADMIN_PREFIX}/* or {METRICS_PATH}: send the admin key"
-            if is_anthropic(scope, headers):
-                response = anthropic_errors.error_response(403, "permission_error", message)
-            else:
-                response = error_response(403, message, "invalid_request_error", None, "insufficient_permissions")
+            response = error_response_for(scope, 403, "insufficient_permissions", message)
             await response(scope, receive, send)
             return
-        if is_anthropic(scope, headers):
-            message = ("missing API key: send 'x-api-key: KEY' or 'Authorization: Bearer KEY'" if supplied is None
-                       else "invalid x-api-key")
-            response = anthropic_errors.error_response(401, "authentication_error", message)
+        if supplied is None:
+            message = "missing API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
         else:
-            message = ("missing API key: send 'Authorization: Bearer KEY'" if supplied is None
-                       else "incorrect API key provided")
-            response = error_response(401, message, "invalid_request_error", None, "invalid_api_key")
+            message = "incorrect API key provided"
+        response = error_response_for(scope, 401, "invalid_api_key", message)
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)

@@ -6,9 +6,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.errors import RequestError
-from router.api import anthropic_errors
-from router.auth import is_anthropic
-from router.http_errors import error_response
+from router.http_errors import error_response_for
 
 
 # A body over the cap is read and dropped before the 413 goes out, up to this much: a
@@ -58,10 +56,8 @@ class BodyLimitMiddleware:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await _drain(receive, DRAIN_LIMIT_BYTES)
             error = _too_large(self.max_bytes)
-            if is_anthropic(scope, headers):  # as the route answers a chunked body over the cap
-                response = anthropic_errors.error_response(413, "request_too_large", error.message)
-            else:
-                response = error_response(413, error.message, error.error_type, None, error.code)
+            # in the client's shape, as its route answers a chunked body over the cap
+            response = error_response_for(scope, 413, error.code or "request_too_large", error.message)
             await response(scope, receive, send)
             return
         received = 0

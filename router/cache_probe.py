@@ -19,55 +19,35 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from protocol.errors import ProtocolError, RequestError
-from protocol.messages import AddRequest, CacheProbed, ErrorEvent, Message, ProbeCache
-from router.api import openai_chat, openai_completions, openai_responses
+from protocol.messages import AddRequest, CacheProbed, ProbeCache
+from router.api.dialect_entry import DialectEntry
 from router.api.openai_format import misses_body
-from router.api.anthropic_count_tokens import count_request
+from router.api.registry import prompt_dialects
 from router.call_memory import mark_history
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
-from router.requests import model_name
-from router.supervisor import WorkerSupervisor
+from router.requests import ask, model_name
 from router.validation import bad
 
 # The worker answers from its tokenizer thread, after the prompts queued there before.
 WORKER_ANSWER_TIMEOUT_S = 120.0
 
-APIS = ("chat", "messages", "responses", "completions")
-# content blocks only Anthropic's Messages API has
-_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "image", "document"})
 
-
-def detect_api(body: dict[str, Any], headers: Any) -> str:
-    """Which API `body` is in: its `api` field if given, else `prompt` -> completions,
-    `input` -> responses, `messages` -> Anthropic Messages when it has a top-level
-    `system`, Anthropic-only content blocks or tools (`input_schema`), or the request an
-    `anthropic-version` header; else OpenAI chat."""
+def detect_api(body: dict[str, Any], headers: Any) -> DialectEntry:
+    """Which dialect `body` is in: its `api` field if given, else the first in the
+    registry's order that claims it (`router.api.registry`)."""
+    dialects = prompt_dialects()
     api = body.get("api")
     if api is not None:
-        if api not in APIS:
-            raise bad("api", f"'api' must be one of {', '.join(APIS)}, got {api!r}")
-        return api
-    if "prompt" in body:
-        return "completions"
-    if "input" in body:
-        return "responses"
-    if "messages" not in body:
-        raise bad("messages", "give the prompt as a request of any API would: 'messages' (chat or Anthropic "
-                  "Messages), 'input' (Responses) or 'prompt' (completions)")
-    if "system" in body or headers.get("anthropic-version") is not None:
-        return "messages"
-    tools = body.get("tools")
-    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
-        return "messages"
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else ():
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in _ANTHROPIC_BLOCKS
-                                             for b in content):
-            return "messages"
-    return "chat"
+        named = next((d for d in dialects if d.name == api), None)
+        if named is None:
+            raise bad("api", f"'api' must be one of {', '.join(d.name for d in dialects)}, got {api!r}")
+        return named
+    for dialect in dialects:
+        if dialect.claims is not None and dialect.claims(body, headers):
+            return dialect
+    raise bad("messages", "give the prompt as a request of any API would: 'messages' (chat or Anthropic "
+              "Messages), 'input' (Responses) or 'prompt' (completions)")
 
 
 def prompt_request(request: Request, pool: WorkerPool, body: dict[str, Any],
@@ -76,40 +56,13 @@ def prompt_request(request: Request, pool: WorkerPool, body: dict[str, Any],
     its own. `extra_fields` are the route's own fields (a snapshot's `name`), kept out of
     the parser's sight."""
     fields = {k: v for k, v in body.items() if k != "api" and k not in extra_fields}
-    api = detect_api(body, request.headers)
+    dialect = detect_api(body, request.headers)
     model_id, profile = pool.resolve(model_name(fields))
-    if api == "chat":
-        add = openai_chat.parse(fields, profile).add
-    elif api == "completions":
-        add = openai_completions.parse(fields, profile).add
-    elif api == "responses":
-        add = openai_responses.parse(fields, profile, store=openai_responses.store_of(request)).add
-    else:  # as /v1/messages/count_tokens renders it (no max_tokens needed: nothing is generated)
-        add = count_request(fields, profile, pool.config.normalize_billing_header)
+    assert dialect.prompt is not None  # prompt_dialects() holds only those with one
+    add = dialect.prompt(request, fields, profile)
     add.request_id = f"cache-{uuid.uuid4().hex[:24]}"
     mark_history(request.app.state, model_id, add)  # as a generation of this body renders it
-    return model_id, api, add
-
-
-async def ask_worker(supervisor: WorkerSupervisor, question: Message, answer_type: type[Message],
-                     user_agent: str = "", timeout_s: float = WORKER_ANSWER_TIMEOUT_S) -> Any:
-    """Send a one-answer request to the worker and return its answer; its ErrorEvent is
-    raised as the RequestError it carries, silence past `timeout_s` is a 503, and a dead
-    worker a 503 (`WorkerDead`)."""
-    stream = supervisor.open_request(question)  # type: ignore[arg-type]
-    stream.model, stream.user_agent = supervisor.model_id, user_agent
-    try:
-        answer = await stream.next_event(timeout=timeout_s)
-    finally:
-        stream.abort()  # a no-op once answered; frees the worker of a question nobody waits on
-    if answer is None:
-        raise RequestError(f"the worker of '{supervisor.model_id}' did not answer within {timeout_s:.0f} s; retry",
-                           status=503, error_type="server_error", code="worker_busy")
-    if isinstance(answer, ErrorEvent):
-        raise answer.to_error()
-    if not isinstance(answer, answer_type):
-        raise ProtocolError(f"expected {answer_type.__name__} from the worker, got {type(answer).__name__}")
-    return answer
+    return model_id, dialect.name, add
 
 
 def probe_body(model_id: str, api: str, probed: CacheProbed) -> dict[str, Any]:
@@ -137,9 +90,12 @@ def probe_body(model_id: str, api: str, probed: CacheProbed) -> dict[str, Any]:
     }
 
 
-async def probe_prompt(request: Request, pool: WorkerPool, model_id: str, add: AddRequest) -> CacheProbed:
-    supervisor = await pool.acquire(model_id)  # the model's tokenizer lives in its worker
-    return await ask_worker(supervisor, ProbeCache(add), CacheProbed, request.headers.get("user-agent", ""))
+async def probe_prompt(request: Request, model_id: str, add: AddRequest) -> CacheProbed:
+    """The worker's probe of `add` (its tokenizer lives there), on its tokenizer thread,
+    after the prompts queued there before: bounded by WORKER_ANSWER_TIMEOUT_S."""
+    probed = await ask(request, model_id, ProbeCache(add), CacheProbed, timeout_s=WORKER_ANSWER_TIMEOUT_S)
+    assert probed is not None  # asked with load: a model that cannot answer raises
+    return probed
 
 
 async def probe(request: Request) -> Response:
@@ -148,5 +104,5 @@ async def probe(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
     body = parse_json_body(await request.body())
     model_id, api, add = prompt_request(request, pool, body)
-    probed = await probe_prompt(request, pool, model_id, add)
+    probed = await probe_prompt(request, model_id, add)
     return JSONResponse(probe_body(model_id, api, probed))

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import time
 import uuid
 from typing import Any
 
@@ -32,11 +31,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError
-from protocol.messages import ErrorEvent, FinishEvent, PinPrefix, PrefixPinned, SamplingParams
-from router.cache_probe import ask_worker, probe_body, probe_prompt, prompt_request
+from protocol.messages import FinishEvent, PinPrefix, PrefixPinned, SamplingParams
+from router.cache_probe import WORKER_ANSWER_TIMEOUT_S, probe_body, probe_prompt, prompt_request
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
-from router.supervisor import WorkerSupervisor
+from router.requests import ask
 from router.validation import bad, short
 
 logger = logging.getLogger(__name__)
@@ -66,18 +65,13 @@ def _name(body: dict[str, Any]) -> str:
     return name
 
 
-def _ready_worker(pool: WorkerPool, model_id: str) -> WorkerSupervisor | None:
-    supervisor = pool.supervisors.get(model_id)
-    return supervisor if supervisor is not None and supervisor.state == "ready" else None
-
-
 def _view(snapshot: dict[str, Any], pool: WorkerPool) -> dict[str, Any]:
     """A snapshot as the routes show it: its sizes on SSD as the kvstore says now, in the
     hot tier as the worker's last pong said (at most heartbeat_s old; null: not loaded)."""
     info = snapshot.get("info") or {}
     model_id = snapshot["namespace"]
     hot: dict[str, int] | None = None
-    supervisor = _ready_worker(pool, model_id)
+    supervisor = pool.waits.ready_now(model_id)
     if supervisor is not None and supervisor.last_pong is not None:
         blocks, num_bytes = (supervisor.last_pong.stats.get("snapshots") or {}).get(snapshot["name"], (0, 0))
         hot = {"blocks": blocks, "bytes": num_bytes}
@@ -111,43 +105,31 @@ async def list_snapshots(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [_view(s, pool) for s in snapshots]})
 
 
-async def _compute(supervisor: WorkerSupervisor, add: Any, user_agent: str) -> FinishEvent:
+async def _compute(request: Request, model_id: str, add: Any) -> FinishEvent:
     """Run the prompt for one greedy token: prefill computes its blocks, and the worker
     captures them (hot, and written behind to SSD) as for any request."""
     run = dataclasses.replace(add, request_id=f"snapshot-{uuid.uuid4().hex[:24]}",
                               sampling=SamplingParams(max_tokens=1, temperature=0.0), constraint=None,
                               want_progress=False)
-    stream = supervisor.open_request(run)
-    stream.model, stream.user_agent = supervisor.model_id, user_agent
-    try:
-        deadline = time.monotonic() + COMPUTE_TIMEOUT_S
-        while (left := deadline - time.monotonic()) > 0:
-            event = await stream.next_event(timeout=left)
-            if isinstance(event, ErrorEvent):
-                raise event.to_error()
-            if isinstance(event, FinishEvent):
-                return event
-        raise RequestError("computing the snapshot's prefix took too long", status=503, error_type="server_error",
-                           code="worker_busy")
-    finally:
-        stream.abort()
+    finished = await ask(request, model_id, run, FinishEvent, timeout_s=COMPUTE_TIMEOUT_S)
+    assert finished is not None  # asked with load: a model that cannot answer raises
+    return finished
 
 
-async def _pin_in_worker(supervisor: WorkerSupervisor, name: str, keys: list[bytes], store: bool,
-                         user_agent: str) -> PrefixPinned:
-    return await ask_worker(supervisor, PinPrefix(f"pin-{uuid.uuid4().hex[:24]}", name, keys, store=store),
-                            PrefixPinned, user_agent)
+async def _pin_in_worker(request: Request, model_id: str, name: str, keys: list[bytes], store: bool
+                         ) -> PrefixPinned:
+    pinned = await ask(request, model_id, PinPrefix(f"pin-{uuid.uuid4().hex[:24]}", name, keys, store=store),
+                       PrefixPinned, timeout_s=WORKER_ANSWER_TIMEOUT_S)
+    assert pinned is not None  # asked with load: a model that cannot answer raises
+    return pinned
 
 
-async def _unpin_in_worker(pool: WorkerPool, model_id: str, name: str, user_agent: str) -> None:
+async def _unpin_in_worker(request: Request, model_id: str, name: str) -> None:
     """Drop the snapshot from the worker's hot tier, if the model is loaded; a worker
     that is not (or dies meanwhile) pins only what the kvstore lists when it starts."""
-    supervisor = _ready_worker(pool, model_id)
-    if supervisor is None:
-        return
     try:
-        await ask_worker(supervisor, PinPrefix(f"unpin-{uuid.uuid4().hex[:24]}", name, pin=False), PrefixPinned,
-                         user_agent, timeout_s=30.0)
+        await ask(request, model_id, PinPrefix(f"unpin-{uuid.uuid4().hex[:24]}", name, pin=False), PrefixPinned,
+                  load=False, timeout_s=30.0)
     except Exception as exc:  # noqa: BLE001  (best effort: the kvstore's pin set is what counts)
         logger.warning("snapshot %r: the worker of %s did not unpin it (%s)", name, model_id, exc)
 
@@ -164,8 +146,7 @@ async def create_snapshot(request: Request) -> Response:
         raise _unavailable("the list of snapshots", pool)
     if any(s["name"] == name for s in existing):
         raise _exists(name)
-    user_agent = request.headers.get("user-agent", "")
-    probed = await probe_prompt(request, pool, model_id, add)
+    probed = await probe_prompt(request, model_id, add)
     if not probed.prefix_cache:
         raise RequestError(f"model '{model_id}' is served without a prefix cache: it has nothing to pin",
                            status=409, code="prefix_cache_off")
@@ -185,12 +166,11 @@ async def create_snapshot(request: Request) -> Response:
     if pinned.error:
         raise RequestError(f"snapshot '{name}' was not pinned: {pinned.error}", status=500, error_type="server_error")
     try:
-        supervisor = await pool.acquire(model_id)
-        await _pin_in_worker(supervisor, name, keys, False, user_agent)
+        await _pin_in_worker(request, model_id, name, keys, False)
         computed = None
         if "missing" in probed.tiers:
-            computed = await _compute(supervisor, add, user_agent)
-        stored = await _pin_in_worker(supervisor, name, keys, True, user_agent)
+            computed = await _compute(request, model_id, add)
+        stored = await _pin_in_worker(request, model_id, name, keys, True)
         listed = await kvstore.snapshots(model_id)
         snapshot = next((s for s in listed or () if s["name"] == name), None)
         if snapshot is None:
@@ -203,7 +183,7 @@ async def create_snapshot(request: Request) -> Response:
                 status=503, error_type="server_error", code="snapshot_incomplete")
     except BaseException:
         logger.warning("snapshot %r of %s failed; unpinning it", name, model_id)
-        await _rollback(pool, model_id, name, user_agent)
+        await _rollback(request, model_id, name)
         raise
     logger.info("snapshot %r of %s: %d tokens in %d blocks pinned (%s)", name, model_id, tokens, len(keys),
                 "computed" if computed is not None else "already cached")
@@ -214,11 +194,12 @@ async def create_snapshot(request: Request) -> Response:
     return JSONResponse(view, status_code=201)
 
 
-async def _rollback(pool: WorkerPool, model_id: str, name: str, user_agent: str) -> None:
+async def _rollback(request: Request, model_id: str, name: str) -> None:
+    pool: WorkerPool = request.app.state.pool
     try:
         if pool.kvstore is not None:
             await pool.kvstore.unpin(name)
-        await _unpin_in_worker(pool, model_id, name, user_agent)
+        await _unpin_in_worker(request, model_id, name)
     except BaseException as exc:  # noqa: BLE001  (the original failure is what the client hears of)
         logger.error("snapshot %r: unpinning after a failure failed too (%r)", name, exc)
 
@@ -244,7 +225,7 @@ async def delete_snapshot(request: Request) -> Response:
     if answer.snapshot is None:
         raise _not_found(name)
     model_id = answer.snapshot["namespace"]
-    await _unpin_in_worker(pool, model_id, name, request.headers.get("user-agent", ""))
+    await _unpin_in_worker(request, model_id, name)
     logger.info("snapshot %r of %s deleted", name, model_id)
     return JSONResponse({"object": "cache.snapshot.deleted", "name": name, "model": model_id, "deleted": True})
 

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router.api import anthropic_errors
-from router.auth import is_anthropic
-from router.http_errors import error_response
+from router.http_errors import error_response_for
 
 MESSAGE = "the server is shutting down; retry shortly"
 OPEN_PATHS = ("/health",)  # supervisors still see the process answer while it drains
@@ -32,8 +29,5 @@ class DrainGateMiddleware:
         if scope["type"] != "http" or not self.state.draining or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if is_anthropic(scope, Headers(scope=scope)):
-            response = anthropic_errors.error_response(503, "api_error", MESSAGE)
-        else:
-            response = error_response(503, MESSAGE, "server_error", None, "shutting_down")
+        response = error_response_for(scope, 503, "shutting_down", MESSAGE)
         await response(scope, receive, send)

@@ -7,11 +7,15 @@ unknown routes and bugs alike: a client never sees HTML or a traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from protocol.errors import RequestError, WorkerDead
 
@@ -66,6 +70,42 @@ def request_error_response(error: RequestError) -> JSONResponse:
 
 def worker_dead_response(error: WorkerDead) -> JSONResponse:
     return error_response(503, str(error), "server_error", None, "worker_unavailable")
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """How one dialect answers a failure that happens before its route runs (a missing key,
+    a body over the cap, a service still starting or draining). The dialect registers it
+    (router/api/dialects.py), so the middlewares answer every client in its own shape
+    without knowing any dialect."""
+
+    path_prefix: str  # its routes: this path and everything under it
+    header: str | None  # a header its clients send on every request, so any path is theirs
+    respond: Callable[[int, str, str], Response]  # (status, kind, message) -> the answer
+
+    def claims(self, path: str, headers: Headers) -> bool:
+        if path == self.path_prefix or path.startswith(self.path_prefix + "/"):
+            return True
+        return self.header is not None and self.header in headers
+
+
+_SHAPES: list[ErrorShape] = []
+
+
+def register_error_shape(shape: ErrorShape) -> None:
+    """Adds a dialect's shape; registering the same prefix again replaces it (a reload)."""
+    _SHAPES[:] = [s for s in _SHAPES if s.path_prefix != shape.path_prefix] + [shape]
+
+
+def error_response_for(scope: Scope, status: int, kind: str, message: str) -> Response:
+    """The answer to a request refused before its route ran, in the shape its client reads:
+    a registered dialect's, else OpenAI's with `kind` as the error code."""
+    headers = Headers(scope=scope)
+    for shape in _SHAPES:
+        if shape.claims(scope["path"], headers):
+            return shape.respond(status, kind, message)
+    error_type = "server_error" if status >= 500 else "invalid_request_error"
+    return error_response(status, message, error_type, None, kind)
 
 
 async def _on_request_error(request: Request, exc: Exception) -> Response:

@@ -1,9 +1,9 @@
 """The OpenAPI 3.1 document of the router's routes, served at `/openapi.json`.
 
 Kept by hand next to the route table (`router.app`) rather than generated from
-docstrings: the bodies are the dialects' own (OpenAI, Anthropic), described here just
-enough for a client generator or a fuzzer (schemathesis) to build valid and invalid
-requests. `tests/router/test_openapi.py` keeps it true: every route is here and every
+docstrings: the dialects' routes come from their registry (`router.api.registry`) with
+their bodies (`router.api.schemas`), described just enough for a client generator or a
+fuzzer (schemathesis) to build valid and invalid requests; the other routes are here. `tests/router/test_openapi.py` keeps it true: every route is here and every
 path here is a route. The served models' ids are filled in as examples of `model`.
 """
 
@@ -16,101 +16,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from router.admin import service_version
+from router.api.registry import DIALECTS, prompt_dialects
 
 Schema = dict[str, Any]
 
-_MODEL: Schema = {"type": "string", "description": "a served model, `MODEL:PROFILE`, or an alias"}
-_TEXT_OR_PARTS: Schema = {"anyOf": [
-    {"type": "string"},
-    {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                                "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
-]}
-_TOOLS: Schema = {"type": "array", "items": {"type": "object", "required": ["type", "function"], "properties": {
-    "type": {"const": "function"},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string"}, "description": {"type": "string"}, "parameters": {"type": "object"}}}}}}
-_INT31 = 2**31 - 1  # router.validation's bound of every count and token id
-_SAMPLING: dict[str, Schema] = {
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": _INT31},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": -1, "maximum": _INT31},
-    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**64 - 1},
-    "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    "stream": {"type": "boolean"},
-    "logprobs": {"type": "boolean"},
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "cache_salt": {"type": "string"},
-}
-_CHAT: Schema = {"type": "object", "required": ["model", "messages"], "properties": {
-    "model": _MODEL,
-    "messages": {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role"], "properties": {
-        "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-        "content": {"anyOf": [_TEXT_OR_PARTS, {"type": "null"}]},
-        "tool_call_id": {"type": "string"}}}},
-    **_SAMPLING,
-    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": _INT31},
-    "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
-    "tools": _TOOLS,
-    "tool_choice": {"anyOf": [{"enum": ["auto", "none", "required"]}, {"type": "object"}]},
-    "response_format": {"type": "object", "required": ["type"], "properties": {
-        "type": {"enum": ["text", "json_object", "json_schema"]}, "json_schema": {"type": "object"}}},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-}}
-_COMPLETION: Schema = {"type": "object", "required": ["model", "prompt"], "properties": {
-    "model": _MODEL,
-    "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": _INT31}}]},
-    **_SAMPLING,
-}}
-_ANTHROPIC_CONTENT: Schema = {"anyOf": [
-    {"type": "string"},
-    {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
-        "type": {"enum": ["text", "image", "tool_use", "tool_result", "thinking"]}, "text": {"type": "string"}}}},
-]}
-_ANTHROPIC_MESSAGES: Schema = {"type": "array", "minItems": 1, "items": {
-    "type": "object", "required": ["role", "content"],
-    "properties": {"role": {"enum": ["user", "assistant"]}, "content": _ANTHROPIC_CONTENT}}}
-_MESSAGES: Schema = {"type": "object", "required": ["model", "max_tokens", "messages"], "properties": {
-    "model": _MODEL,
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": _INT31},
-    "messages": _ANTHROPIC_MESSAGES,
-    "system": _ANTHROPIC_CONTENT,
-    "stop_sequences": {"type": "array", "items": {"type": "string"}},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-    "top_p": {"type": "number"},
-    "top_k": {"type": "integer", "minimum": -1, "maximum": _INT31},
-    "stream": {"type": "boolean"},
-    "tools": {"type": "array", "items": {"type": "object", "required": ["name", "input_schema"], "properties": {
-        "name": {"type": "string"}, "input_schema": {"type": "object"}}}},
-}}
-_COUNT_TOKENS: Schema = {"type": "object", "required": ["model", "messages"], "properties": {
-    "model": _MODEL, "messages": _ANTHROPIC_MESSAGES, "system": _ANTHROPIC_CONTENT}}
-_RESPONSES: Schema = {"type": "object", "required": ["model", "input"], "properties": {
-    "model": _MODEL,
-    "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
-    "instructions": {"type": "string"},
-    "max_output_tokens": {"type": "integer", "minimum": 1, "maximum": _INT31},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "stream": {"type": "boolean"},
-    "store": {"type": "boolean"},
-    "previous_response_id": {"type": "string"},
-    "tools": {"type": "array", "items": {"type": "object"}},
-}}
-_EMBEDDINGS: Schema = {"type": "object", "required": ["model", "input"], "properties": {
-    "model": _MODEL,
-    "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
-                        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": _INT31}}]},
-    "encoding_format": {"enum": ["float", "base64"]},
-    "dimensions": {"type": "integer", "minimum": 1, "maximum": _INT31},
-}}
-_RERANK: Schema = {"type": "object", "required": ["model", "query", "documents"], "properties": {
-    "model": _MODEL, "query": {"type": "string"},
-    "documents": {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "object"}]}},
-    "top_n": {"type": "integer", "minimum": 1, "maximum": _INT31}, "return_documents": {"type": "boolean"}}}
 _CACHE_CLEAR: Schema = {"type": "object", "properties": {"model": {"type": "string"}}}
 _CACHE_PROBE: Schema = {"type": "object", "required": ["model"], "properties": {
-    "model": {"type": "string"}, "api": {"type": "string", "enum": ["chat", "messages", "responses", "completions"]},
+    "model": {"type": "string"}, "api": {"type": "string", "enum": [d.name for d in prompt_dialects()]},
     "messages": {"type": "array"}, "system": {}, "input": {}, "prompt": {}, "tools": {"type": "array"}}}
 _SNAPSHOT: Schema = {"type": "object", "required": ["name", "model"], "properties": {
     "name": {"type": "string"}, "model": {"type": "string"}, "messages": {"type": "array"}, "prompt": {}}}
@@ -135,14 +47,6 @@ PATHS: dict[str, dict[str, Schema]] = {
     "/openapi.json": {"get": _op("this document")},
     "/v1/models": {"get": _op("the served models (Anthropic's shape with an anthropic-version header)")},
     "/v1/models/{model_id}": {"get": _op("one model", parameters=_MODEL_ID)},
-    "/v1/chat/completions": {"post": _op("OpenAI chat completions, streamed or not", _CHAT)},
-    "/v1/completions": {"post": _op("OpenAI text completions", _COMPLETION)},
-    "/v1/responses": {"post": _op("OpenAI Responses", _RESPONSES)},
-    "/v1/messages": {"post": _op("Anthropic Messages", _MESSAGES)},
-    "/v1/messages/count_tokens": {"post": _op("exact prompt tokens of a Messages body", _COUNT_TOKENS)},
-    "/v1/embeddings": {"post": _op("OpenAI embeddings", _EMBEDDINGS)},
-    "/v1/rerank": {"post": _op("documents ranked against a query (Cohere / Jina shape)", _RERANK)},
-    "/v2/rerank": {"post": _op("the same, on Cohere's v2 path", _RERANK)},
     "/metrics": {"get": _op("Prometheus metrics (text format); the admin key rule of /admin")},
     "/admin": {"get": _op("the dashboard (HTML)")},
     "/admin/": {"get": _op("the dashboard (HTML)")},
@@ -172,9 +76,18 @@ PATHS: dict[str, dict[str, Schema]] = {
 }
 
 
+def _dialect_paths() -> dict[str, dict[str, Schema]]:
+    """Every dialect's routes, from the registry."""
+    paths: dict[str, dict[str, Schema]] = {}
+    for dialect in DIALECTS:
+        for endpoint in dialect.endpoints:
+            paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _op(endpoint.summary, endpoint.schema)
+    return paths
+
+
 def openapi_document(model_ids: list[str]) -> Schema:
     """The document, with `model_ids` as the examples of every body's `model`."""
-    paths = copy.deepcopy(PATHS)
+    paths = copy.deepcopy({**PATHS, **_dialect_paths()})
     for methods in paths.values():
         for operation in methods.values():
             body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")

@@ -1,9 +1,16 @@
-"""The one path every API request takes: parse -> resolve -> validate -> acquire -> forward.
+"""The two doors into a worker; nothing else in the router opens a request to one.
 
-A dialect (`router.api.*`) contributes only two translations: its body into the internal
-request (`ParsedRequest`), and the worker's events back into its wire format. Everything
+`stream(request, dialect)`: a generation. Parse -> resolve -> validate -> acquire -> forward;
+a dialect (`router.api.*`) contributes only two translations, its body into the internal
+request (`ParsedRequest`) and the worker's events back into its wire format. Everything
 between is here, in this order, so that a bad body costs nothing: it is refused before any
 model is loaded, and a request the model cannot take is refused before it is sent.
+
+`ask(request, model_id, question, answer_type)`: one question with one answer (a token
+count, a cache probe, a pin, embeddings, a rerank, a snapshot's one-token prefill). Acquire
+-> open -> read until the answer -> abort, and one mapping of what can go wrong: the
+worker's ErrorEvent raised as its RequestError, silence past the bound a 503 `worker_busy`,
+a dead worker `WorkerDead`.
 """
 
 from __future__ import annotations
@@ -12,12 +19,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from protocol.messages import FinishEvent, Ready
+from protocol.errors import ProtocolError, RequestError
+from protocol.messages import ErrorEvent, FinishEvent, Message, Ready
 from router.call_memory import CallMemory, GeneratedAnswer, mark_history
 from router.json_body import parse_json_body
 from router.pending_streams import PendingStream
@@ -28,6 +36,9 @@ from router.validation import ParsedRequest, bad, check_against_model
 from router.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
+
+Answer = TypeVar("Answer", bound=Message)
+CHAT_KINDS = ("chat",)
 
 
 @dataclass(frozen=True)
@@ -51,8 +62,8 @@ def model_name(body: dict[str, Any]) -> str:
     return name
 
 
-async def handle(request: Request, dialect: Dialect) -> Response:
-    """Serve one API request through `dialect`."""
+async def stream(request: Request, dialect: Dialect) -> Response:
+    """Serve one generation request through `dialect`."""
     pool: WorkerPool = request.app.state.pool
     received = time.monotonic()
     body = parse_json_body(await request.body())
@@ -65,14 +76,55 @@ async def handle(request: Request, dialect: Dialect) -> Response:
     pool.check_kind(model_id)
     supervisor = pool.waits.ready_now(model_id)
     if supervisor is not None:
-        stream = _forward(request, dialect, parsed, model_id, supervisor, received)
+        events = _forward(request, dialect, parsed, model_id, supervisor, received)
     else:  # the answer starts now, with its keep-alives, and the request waits for its model
-        stream = PendingStream(_forward_when_ready(request, dialect, parsed, model_id, received), parsed)
+        events = PendingStream(_forward_when_ready(request, dialect, parsed, model_id, received), parsed)
     try:
-        return await dialect.respond(request, parsed, stream)
+        return await dialect.respond(request, parsed, events)
     except BaseException:
-        stream.abort()  # no answer will read it: free its slot (a no-op once it finished)
+        events.abort()  # no answer will read it: free its slot (a no-op once it finished)
         raise
+
+
+async def ask(request: Request, model_id: str, question: Message, answer_type: type[Answer], *,
+              kinds: tuple[str, ...] = CHAT_KINDS, task: str = "completions", load: bool = True,
+              timeout_s: float | None = None) -> Answer | None:
+    """`question`'s answer from `model_id`'s worker (a model id from `pool.resolve`).
+
+    With `load`, the model is loaded or waited for as a generation would be (its kind
+    checked against `kinds` first, a 400 naming `task`); without, a model not ready now is
+    not asked and the answer is None (an unpin: nothing to undo in a worker that is not
+    there). Events before the answer are skipped (a one-token prefill's deltas)."""
+    pool: WorkerPool = request.app.state.pool
+    if load:
+        supervisor = await pool.acquire(model_id, kinds, task)
+    else:
+        ready = pool.waits.ready_now(model_id)
+        if ready is None:
+            return None
+        supervisor = ready
+    request.state.model = model_id  # the `model` label of mlxd_requests_total (router.metrics_route)
+    request.state.request_id = question.request_id  # type: ignore[attr-defined]  # the answer's x-request-id
+    events = supervisor.open_request(question)  # type: ignore[arg-type]
+    events.model, events.user_agent = model_id, request.headers.get("user-agent", "")
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            event = await events.next_event(timeout=left) if left is None or left > 0 else None
+            if event is None:  # only a bounded wait returns None
+                raise RequestError(f"the worker of '{model_id}' did not answer within {timeout_s:.0f} s; retry",
+                                   status=503, error_type="server_error", code="worker_busy")
+            if isinstance(event, ErrorEvent):
+                raise event.to_error()
+            if isinstance(event, answer_type):
+                pool.last_used[model_id] = max(pool.last_used.get(model_id, 0.0), events.created)
+                return event
+            if isinstance(event, FinishEvent):  # the request ended without the answer asked for
+                raise ProtocolError(f"expected {answer_type.__name__} from the worker of '{model_id}', "
+                                    "got the end of the request")
+    finally:
+        events.abort()  # a no-op once answered; frees the worker of a question nobody waits on
 
 
 async def _forward_when_ready(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id: str,
@@ -95,16 +147,16 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
     if memory is not None and parsed.add.messages is not None:
         mark_history(request.app.state, model_id, parsed.add)
         answer = memory.follow(parsed)
-    stream = supervisor.open_request(parsed.add)
+    events = supervisor.open_request(parsed.add)
     if answer is not None:
-        stream.on_token = answer.add
-    stream.request = parsed
-    stream.model = model_id
-    stream.route = request.url.path
-    stream.user_agent = request.headers.get("user-agent", "")
-    stream.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received,
+        events.on_token = answer.add
+    events.request = parsed
+    events.model = model_id
+    events.route = request.url.path
+    events.user_agent = request.headers.get("user-agent", "")
+    events.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received,
                                   memory if answer is not None else None, answer)
-    return stream
+    return events
 
 
 def _check_num_messages(parsed: ParsedRequest, max_messages: int) -> None:

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router.api import anthropic_errors
-from router.auth import is_admin_path, is_anthropic
-from router.http_errors import error_response
+from router.auth import is_admin_path
+from router.http_errors import error_response_for
 
 OPEN_PATHS = frozenset({"/health", "/api/hello"})
 
@@ -68,8 +66,5 @@ class StartupGateMiddleware:
             return
         message = (f"the service failed to start: {self.state.error}" if self.state.error is not None
                    else "the service is still starting; retry shortly")
-        if is_anthropic(scope, Headers(scope=scope)):
-            response = anthropic_errors.error_response(503, "api_error", message)
-        else:
-            response = error_response(503, message, "server_error", None, "starting")  # with Retry-After
+        response = error_response_for(scope, 503, "starting", message)  # with Retry-After
         await response(scope, receive, send)

@@ -17,15 +17,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from protocol.errors import ProtocolError
-from protocol.messages import AddRequest, CountTokens, ErrorEvent, TokenCount
+from protocol.messages import AddRequest, CountTokens, TokenCount
 from router.api import anthropic_messages
 from router.api.anthropic_errors import answer_error
 from router.call_memory import mark_history
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
 from router.profiles import Profile
-from router.requests import model_name
+from router.requests import ask, model_name
 
 # a count has no answer, but the Messages parser requires Anthropic's max_tokens
 _PLACEHOLDER_MAX_TOKENS = 1
@@ -57,16 +56,6 @@ async def _count(request: Request) -> Response:
     request.state.model = model_id  # the `model` label of mlxd_requests_total
     add = count_request(body, profile, pool.config.normalize_billing_header)
     mark_history(request.app.state, model_id, add)  # exact: rendered as a generation of this body would be
-    supervisor = await pool.acquire(model_id)  # the model's tokenizer lives in its worker
-    stream = supervisor.open_request(CountTokens(add))
-    stream.model = model_id
-    stream.user_agent = request.headers.get("user-agent", "")
-    try:
-        answer = await stream.next_event()
-    finally:
-        stream.abort()  # a no-op once answered; frees the worker's thread of a client that left
-    if isinstance(answer, ErrorEvent):
-        raise answer.to_error()
-    if not isinstance(answer, TokenCount):
-        raise ProtocolError(f"expected a token count from the worker, got {type(answer).__name__}")
+    answer = await ask(request, model_id, CountTokens(add), TokenCount)  # the tokenizer lives in the worker
+    assert answer is not None  # asked with load: a model that cannot answer raises
     return JSONResponse({"input_tokens": answer.num_tokens})

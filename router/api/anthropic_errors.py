@@ -48,6 +48,16 @@ def error_response(status: int, error_type: str, message: str) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def refusal(status: int, kind: str, message: str) -> JSONResponse:
+    """The answer to a request the service refused before its route ran (its ErrorShape,
+    `router.http_errors.error_response_for`): the type its status has in Anthropic's API;
+    a wrong key worded as Anthropic words it."""
+    if kind == "invalid_api_key":
+        message = "invalid x-api-key"
+    error_type = _TYPES_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return error_response(status, error_type, message)
+
+
 def request_error_status(error: RequestError) -> tuple[int, str, str]:
     """(status, error type, message) of a failed request, as Anthropic would answer it: a
     full queue is 529 overloaded, a prompt over the context window says "prompt is too

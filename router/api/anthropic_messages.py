@@ -33,7 +33,7 @@ from router.api.billing_header import without_billing_lines
 from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
 from router.api.unknown_fields import note_unknown_fields
 from router.profiles import Profile, apply_profile
-from router.requests import Dialect, handle, model_name
+from router.requests import Dialect, model_name, stream
 from router.validation import (
     MAX_STOP_STRINGS,
     MAX_TOKENS_LIMIT,
@@ -389,6 +389,6 @@ async def messages(request: Request) -> Response:
     dialect = Dialect(parse=functools.partial(parse, normalize_billing_header=config.normalize_billing_header),
                       respond=anthropic_answers.respond, bind=bind)
     try:
-        return await handle(request, dialect)
+        return await stream(request, dialect)
     except Exception as exc:  # noqa: BLE001  (any failure answers in Anthropic's shape; answer_error logs bugs)
         return answer_error(exc)

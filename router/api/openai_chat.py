@@ -10,14 +10,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from protocol.messages import AddRequest
-from router.api import openai_answers
+from router.api import openai_answers, schemas
+from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.logprobs import with_chat_logprobs
 from router.api.openai_common import cache_salt, stream_flags, wants_progress
 from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
 from router.api.response_format import parse_response_format
 from router.api.unknown_fields import OPENAI_CHAT_FIELDS, note_unknown_fields
 from router.profiles import Profile, apply_profile
-from router.requests import Dialect, handle, model_name
+from router.requests import Dialect, model_name, stream
 from router.validation import ParsedRequest, bad, parse_sampling, short
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -135,4 +136,14 @@ DIALECT = Dialect(parse=parse, respond=openai_answers.respond, bind=bind)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await handle(request, DIALECT)
+    return await stream(request, DIALECT)
+
+
+def _probe_prompt(request: Request, body: dict[str, Any], profile: Profile | None) -> AddRequest:
+    return parse(body, profile).add
+
+
+ENTRY = DialectEntry(
+    "chat", (Endpoint("/v1/chat/completions", "POST", chat_completions, "OpenAI chat completions, streamed or not",
+                      schemas.CHAT),),
+    prompt=_probe_prompt, claims=lambda body, headers: "messages" in body)

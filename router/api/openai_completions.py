@@ -6,13 +6,14 @@ import uuid
 from typing import Any
 
 from protocol.messages import AddRequest
-from router.api import openai_answers
+from router.api import openai_answers, schemas
+from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.logprobs import with_completion_logprobs
 from router.api.openai_common import cache_salt, stream_flags, wants_progress
 from router.api.response_format import parse_response_format
 from router.api.unknown_fields import OPENAI_COMPLETION_FIELDS, note_unknown_fields
 from router.profiles import Profile, apply_profile
-from router.requests import Dialect, handle, model_name
+from router.requests import Dialect, model_name, stream
 from router.validation import MAX_TOKEN_ID, ParsedRequest, bad, is_int, parse_sampling, short
 from starlette.requests import Request
 from starlette.responses import Response
@@ -65,4 +66,13 @@ DIALECT = Dialect(parse=parse, respond=openai_answers.respond)
 
 
 async def completions(request: Request) -> Response:
-    return await handle(request, DIALECT)
+    return await stream(request, DIALECT)
+
+
+def _probe_prompt(request: Request, body: dict[str, Any], profile: Profile | None) -> AddRequest:
+    return parse(body, profile).add
+
+
+ENTRY = DialectEntry(
+    "completions", (Endpoint("/v1/completions", "POST", completions, "OpenAI text completions", schemas.COMPLETION),),
+    prompt=_probe_prompt, claims=lambda body, headers: "prompt" in body)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import base64
+import logging
 import sys
 import uuid
 from typing import Any
@@ -14,12 +15,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.messages import EmbeddingsEvent, EmbedRequest
-from router.encoder_requests import EMBEDDING_KINDS, ask_encoder
+from router.api import schemas
+from router.api.dialect_entry import DialectEntry, Endpoint
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
-from router.requests import model_name
+from router.requests import ask, model_name
 from router.validation import MAX_TOKEN_ID, bad, flag, integer, is_int, optional_str, short
 
+logger = logging.getLogger(__name__)
+
+EMBEDDING_KINDS = ("embedding",)
 MAX_INPUTS = 2048  # OpenAI's limit per request
 MAX_DIMENSIONS = 1 << 16
 ENCODING_FORMATS = ("float", "base64")
@@ -97,6 +102,12 @@ async def embeddings(request: Request) -> Response:
     name = model_name(body)
     model_id, _ = pool.resolve(name)
     message, encoding = parse(body)
-    event = await ask_encoder(request, model_id, message, EMBEDDING_KINDS, "embeddings")
-    assert isinstance(event, EmbeddingsEvent)
+    event = await ask(request, model_id, message, EmbeddingsEvent, kinds=EMBEDDING_KINDS, task="embeddings")
+    assert event is not None  # asked with load: a model that cannot answer raises
+    logger.info("%s %s: %d tokens", model_id, message.request_id, event.prompt_tokens,
+                extra={"request_id": message.request_id})
     return JSONResponse(answer(event, name, encoding))
+
+
+ENTRY = DialectEntry(
+    "embeddings", (Endpoint("/v1/embeddings", "POST", embeddings, "OpenAI embeddings", schemas.EMBEDDINGS),))

@@ -22,7 +22,8 @@ from starlette.responses import Response
 
 from protocol.errors import RequestError
 from protocol.messages import AddRequest, Constraint
-from router.api import responses_answers
+from router.api import responses_answers, schemas
+from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.openai_common import cache_salt
 from router.api.openai_tool_calls import bind, parse_tools
 from router.api.response_format import parse_response_format
@@ -30,7 +31,7 @@ from router.api.response_store import ResponseStore
 from router.api.responses_answers import ResponsesRequest
 from router.api.unknown_fields import note_unknown_fields
 from router.profiles import Profile, apply_profile
-from router.requests import Dialect, handle, model_name
+from router.requests import Dialect, model_name, stream
 from router.validation import MAX_TOKENS_LIMIT, bad, flag, integer, optional_str, parse_sampling, short
 
 logger = logging.getLogger(__name__)
@@ -328,4 +329,13 @@ async def responses(request: Request) -> Response:
     store = store_of(request)
     dialect = Dialect(parse=partial(parse, store=store), respond=partial(responses_answers.respond, store=store),
                       bind=bind)
-    return await handle(request, dialect)
+    return await stream(request, dialect)
+
+
+def _probe_prompt(request: Request, body: dict[str, Any], profile: Profile | None) -> AddRequest:
+    return parse(body, profile, store=store_of(request)).add
+
+
+ENTRY = DialectEntry(
+    "responses", (Endpoint("/v1/responses", "POST", responses, "OpenAI Responses", schemas.RESPONSES),),
+    prompt=_probe_prompt, claims=lambda body, headers: "input" in body)

@@ -5,6 +5,7 @@ cross-encoder's classification head, or the embedding model's cosine similarity.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -12,12 +13,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.messages import RerankEvent, RerankRequest
+from router.api import schemas
+from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.openai_embeddings import MAX_INPUTS
-from router.encoder_requests import RERANK_KINDS, ask_encoder
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
-from router.requests import model_name
+from router.requests import ask, model_name
 from router.validation import bad, flag, integer, short
+
+logger = logging.getLogger(__name__)
+
+# a cross-encoder reads each (query, document) pair; an embedding model compares vectors
+RERANK_KINDS = ("reranker", "embedding")
+
+
+def rerank_method(kind: str) -> str:
+    """What /v1/rerank runs on a model of `kind`: the name its answers and /v1/models give."""
+    return "cross-encoder" if kind == "reranker" else "cosine"
 
 
 def _documents(value: Any) -> list[str]:
@@ -66,6 +78,14 @@ async def rerank(request: Request) -> Response:
     name = model_name(body)
     model_id, _ = pool.resolve(name)
     message, top_n, with_documents = parse(body)
-    event = await ask_encoder(request, model_id, message, RERANK_KINDS, "rerank")
-    assert isinstance(event, RerankEvent)
+    event = await ask(request, model_id, message, RerankEvent, kinds=RERANK_KINDS, task="rerank")
+    assert event is not None  # asked with load: a model that cannot answer raises
+    logger.info("%s %s: %d tokens", model_id, message.request_id, event.prompt_tokens,
+                extra={"request_id": message.request_id})
     return JSONResponse(answer(event, message, name, top_n, with_documents))
+
+
+ENTRY = DialectEntry("rerank", (
+    Endpoint("/v1/rerank", "POST", rerank, "documents ranked against a query (Cohere / Jina shape)", schemas.RERANK),
+    Endpoint("/v2/rerank", "POST", rerank, "the same, on Cohere's v2 path", schemas.RERANK),  # Cohere's v2 path
+))

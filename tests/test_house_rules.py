@@ -1,0 +1,64 @@
+"""House rules that slid back when only a reviewer kept them, checked over the source (no
+imports executed), next to tests/test_import_graph.py: each failing test names the files
+that break its rule."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.test_import_graph import REPO, graph
+
+# what a module outside router/api/ may import from it: the registry and its record type
+# (every dialect is reached through them), the routes that are no dialect's, and the
+# `mlxd` usage block every dialect's answer carries
+API_DOORS = frozenset({"router.api", "router.api.registry", "router.api.dialect_entry", "router.api.health",
+                       "router.api.models", "router.api.openai_format"})
+
+
+def test_no_module_outside_the_api_imports_a_dialect() -> None:
+    wrong = {module: sorted(i for i in imports if i.startswith("router.api.") and i not in API_DOORS)
+             for module, imports in graph().items() if not module.startswith("router.api")}
+    assert not {m: i for m, i in wrong.items() if i}, "import dialects through router.api.registry"
+
+
+def test_the_app_mounts_every_dialect_route_from_the_registry() -> None:
+    """A dialect's path written into app.py is a second table beside the registry."""
+    source = (REPO / "router" / "app.py").read_text()
+    spelled = re.findall(r'Route\("(/v\d/(?:chat|completions|messages|responses|embeddings|rerank)[^"]*)"', source)
+    assert not spelled, f"router/app.py mounts dialect routes itself: {spelled}"
+
+
+def code_words(path: Path) -> set[str]:
+    """The identifiers and the non-docstring string constants of a module, lower-cased."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    words: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            words.add(node.id.lower())
+        elif isinstance(node, ast.Attribute):
+            words.add(node.attr.lower())
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            words.add(node.name.lower())
+        elif isinstance(node, ast.alias):
+            words.add(node.name.lower())
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.add(node.value.lower())
+    return words
+
+
+def test_no_middleware_knows_a_dialect() -> None:
+    """The middlewares answer through http_errors.error_response_for, never by asking
+    "is this Anthropic?" themselves (a docstring may say whom a header is for)."""
+    middlewares = ("auth", "body_limit", "drain_gate", "startup_gate", "send_timeout", "request_id", "web_guard")
+    for name in middlewares:
+        named = sorted(w for w in code_words(REPO / "router" / f"{name}.py") if "anthropic" in w or "messages" in w)
+        assert not named, f"router/{name}.py names a dialect in its code: {named}"
+
+
+def python_files(*roots: str) -> list[Path]:
+    return [p for root in roots for p in (REPO / root).rglob("*.py") if ".venv" not in p.parts]
