@@ -4,7 +4,7 @@ A profile (`[profiles."MODEL:PROFILE"]` in the config file) only fills in what a
 left out, so one copy of the weights can serve e.g. a precise "coder" and a looser
 "writer" without a second load. Everything about profiles lives here: the settings, their
 check (a profile may hold only what a request could), the name rule (the one place a
-model name is split), and the rewrite of a request body before validation.
+model name is split), and its application to a parsed request.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from protocol.errors import RequestError
 from protocol.settings import PROMPT_LAYOUTS
 from router.config_values import ConfigError, normalize_fields, quote_key, setting
 from router.validation import parse_sampling
+
+if TYPE_CHECKING:
+    from router.validation import ParsedRequest
+
+Parsed = TypeVar("Parsed", bound="ParsedRequest")
 
 # request parameters a profile gives a default for, under the same names as in the request
 SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -111,28 +116,35 @@ def check_profile(name: str, profile: Profile) -> None:
                               f"to leave room for the prompt, got {profile.max_tokens}")
 
 
-def apply_profile(body: Mapping[str, Any], profile: Profile, kind: Literal["chat", "text"]) -> dict[str, Any]:
-    """A new request body in which every parameter the client did not send (absent or null)
-    takes the profile's default; the client's own values always win.
+def sent_parameters(body: Mapping[str, Any], names: Mapping[str, str]) -> frozenset[str]:
+    """The parameters a profile defaults that the client set (present and not null), by
+    their names in `SamplingParams`; `names` maps the dialect's own field names to those
+    (Anthropic's `stop_sequences` -> `stop`, Responses' `max_output_tokens` -> `max_tokens`)."""
+    return frozenset(internal for field_name, internal in names.items() if body.get(field_name) is not None)
 
-    For chat (`kind="chat"`), the profile's system prompt goes first when no message has the
-    system (or developer) role. For text completions it is ignored: a raw prompt has no roles
-    to put it in, and prepending text would change what the client asked to continue.
-    `body` itself is not modified; its values are left for validation to judge.
-    """
-    merged = dict(body)
-    for name in SAMPLING_DEFAULTS:
-        value = getattr(profile, name)
-        if merged.get(name) is None and value is not None:
-            merged[name] = value
-    if merged.get("stop") is None and profile.stop is not None:
-        merged["stop"] = list(profile.stop)
-    sent_max = merged.get("max_tokens") is not None or merged.get("max_completion_tokens") is not None
-    if not sent_max and profile.max_tokens is not None:
-        merged["max_tokens"] = profile.max_tokens
-    messages = merged.get("messages")
-    if kind == "chat" and profile.system_prompt is not None and isinstance(messages, list):
-        has_system = any(isinstance(m, dict) and m.get("role") in SYSTEM_ROLES for m in messages)
-        if not has_system:
-            merged["messages"] = [{"role": "system", "content": profile.system_prompt}, *messages]
-    return merged
+
+def with_profile(parsed: Parsed, profile: Profile | None) -> Parsed:
+    """The parsed request with the profile's defaults in every parameter the client did not
+    send (`parsed.sent`), its context limit and prompt layout; the client's values win.
+
+    Applied once, to the typed request every dialect parses into, so no dialect's body is
+    rewritten in another's field names. The profile's system prompt goes first when no
+    message has the system (or developer) role; a text completion has no messages, and a
+    raw prompt is never prefixed. A breakpoint inside the messages moves with them."""
+    if profile is None:
+        return parsed
+    add = parsed.add
+    defaults: dict[str, Any] = {name: getattr(profile, name) for name in SAMPLING_DEFAULTS}
+    defaults["stop"] = list(profile.stop) if profile.stop is not None else None
+    defaults["max_tokens"] = profile.max_tokens
+    changes = {name: value for name, value in defaults.items() if value is not None and name not in parsed.sent}
+    messages, breakpoints = add.messages, add.cache_breakpoints
+    if (profile.system_prompt is not None and messages is not None
+            and not any(m.get("role") in SYSTEM_ROLES for m in messages)):
+        messages = [{"role": "system", "content": profile.system_prompt}, *messages]
+        breakpoints = [dataclasses.replace(b, message_index=b.message_index + 1) if not b.in_tools else b
+                       for b in breakpoints]
+    add = dataclasses.replace(add, sampling=dataclasses.replace(add.sampling, **changes), messages=messages,
+                              cache_breakpoints=breakpoints, context_limit=profile.context_limit,
+                              prompt_layout=profile.prompt_layout)
+    return dataclasses.replace(parsed, add=add, context_limit=profile.context_limit)

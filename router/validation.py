@@ -33,6 +33,8 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     context_limit: int | None = None  # the profile's prompt + output cap, also in `add`
+    # the sampling parameters the client set, by their SamplingParams names: a profile fills the rest
+    sent: frozenset[str] = frozenset()
 
 
 def bad(param: str | None, message: str, code: str | None = None) -> RequestError:

@@ -30,9 +30,11 @@ from router.api import anthropic_answers
 from router.api.anthropic_cache_control import HEAD, WHOLE, BreakpointReader, Mark, breakpoints, text_marks
 from router.api.anthropic_errors import answer_error
 from router.api.billing_header import without_billing_lines
-from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
+from router.api.openai_tool_calls import ChatRequest, bind
 from router.api.unknown_fields import note_unknown_fields
-from router.profiles import Profile, apply_profile
+from router.profiles import Profile, sent_parameters, with_profile
+from router.tool_calls import AUTO, FUNCTION, NONE, REQUIRED
+from router.tool_calls.offer import OfferedTool, ToolChoice, offer_tools
 from router.requests import Dialect, model_name, stream
 from router.validation import (
     MAX_STOP_STRINGS,
@@ -51,6 +53,9 @@ ANTHROPIC_MESSAGES_FIELDS = frozenset({
     "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
     "tools", "tool_choice", "metadata", "thinking", "cache_salt", "cache_control",
 })
+# the Messages fields a profile may default -> their SamplingParams names
+SAMPLING_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop_sequences": "stop",
+                  "max_tokens": "max_tokens"}
 IMAGE_TEXT = "[image]"  # what a text-only model sees where the client sent an image
 DROPPED_SILENTLY = frozenset({"thinking", "redacted_thinking"})  # the model's own reasoning: not re-read
 
@@ -286,50 +291,50 @@ def read_messages(body: dict[str, Any], normalize_billing_header: bool = True,
     return head + turns, prefill, breakpoints(marks, head + turns, bool(head))
 
 
-def _openai_tools(body: dict[str, Any], reader: BreakpointReader | None = None,
-                  points: list[CacheBreakpoint] | None = None) -> dict[str, Any]:
-    """`tools`, `tool_choice` as the OpenAI chat fields `parse_tools` reads: the same
-    rendering, parser and forcing grammar serve both APIs. Server tools (web search, code
-    execution: a `type` and no `input_schema`) run at Anthropic, not here: dropped. A
-    tool's cache breakpoint goes to `points`, after the tools kept up to it."""
+def _tools(body: dict[str, Any], reader: BreakpointReader | None = None,
+           points: list[CacheBreakpoint] | None = None) -> tuple[list[OfferedTool], ToolChoice]:
+    """`tools` and `tool_choice`, read in Anthropic's spelling (errors name its fields):
+    the same rendering, parser and forcing grammar then serve every API. Server tools (web
+    search, code execution: a `type` and no `input_schema`) run at Anthropic, not here:
+    dropped. A tool's cache breakpoint goes to `points`, after the tools kept up to it."""
     reader = reader or BreakpointReader()
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list")
-    functions = []
+    offered: list[OfferedTool] = []
     for i, tool in enumerate(tools or []):
         if not isinstance(tool, dict):
             raise bad("tools", f"'tools[{i}]' must be an object")
         server_tool = "input_schema" not in tool and tool.get("type") not in (None, "custom")
         ttl = reader.ttl_s(tool, f"tools[{i}]", "tools")
-        if ttl is not None and points is not None and len(functions) + (not server_tool):
-            points.append(CacheBreakpoint(ttl, num_tools=len(functions) + (not server_tool)))
+        if ttl is not None and points is not None and len(offered) + (not server_tool):
+            points.append(CacheBreakpoint(ttl, num_tools=len(offered) + (not server_tool)))
         if server_tool:
             _note_dropped(tool.get("type"), "tools")
             continue
-        function: dict[str, Any] = {"name": tool.get("name")}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        if tool.get("input_schema") is not None:
-            function["parameters"] = tool["input_schema"]
-        functions.append({"type": "function", "function": function})
-    choice = body.get("tool_choice")
-    fields: dict[str, Any] = {"tools": functions}
+        name, description, schema = tool.get("name"), tool.get("description"), tool.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise bad("tools", f"'tools[{i}].name' must be a non-empty string, got {short(name)}")
+        if description is not None and not isinstance(description, str):
+            raise bad("tools", f"'tools[{i}].description' must be a string")
+        if schema is not None and not isinstance(schema, dict):
+            raise bad("tools", f"'tools[{i}].input_schema' must be a JSON schema object")
+        offered.append(OfferedTool(name, description, schema))
+    return offered, _tool_choice(body.get("tool_choice"))
+
+
+def _tool_choice(choice: Any) -> ToolChoice:
     if choice is None:
-        return fields
+        return ToolChoice()
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise bad("tool_choice", "'tool_choice' must be {\"type\": \"auto\" | \"any\" | \"none\"} or "
                   f"{{\"type\": \"tool\", \"name\": ...}}, got {short(choice)}")
-    kind = choice["type"]
+    kind, parallel = choice["type"], choice.get("disable_parallel_tool_use") is not True
     if kind == "tool":
         if not isinstance(choice.get("name"), str) or not choice["name"]:
             raise bad("tool_choice", "'tool_choice.name' must name a tool")
-        fields["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
-    else:
-        fields["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
-    if choice.get("disable_parallel_tool_use") is True:
-        fields["parallel_tool_calls"] = False
-    return fields
+        return ToolChoice(FUNCTION, choice["name"], parallel, short(choice))
+    return ToolChoice({"auto": AUTO, "any": REQUIRED, "none": NONE}[kind], None, parallel, short(choice))
 
 
 def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
@@ -340,8 +345,6 @@ def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
         raise bad("max_tokens", "max_tokens: Field required")
     integer(body, "max_tokens", 1, MAX_TOKENS_LIMIT)
     stops = body.get("stop_sequences")
-    if stops is None:
-        stops = body.get("stop")  # a profile's stop strings (`apply_profile` sets them)
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
         raise bad("stop_sequences", "'stop_sequences' must be a list of strings")
     if stops is not None and len(stops) > MAX_STOP_STRINGS:
@@ -354,16 +357,11 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
     """The Messages body -> what to send the worker. `thinking` (any form) and `metadata`
     are accepted and have no effect: these models do not think on request."""
     note_unknown_fields("messages", body, ANTHROPIC_MESSAGES_FIELDS)
-    if profile is not None:
-        merged = apply_profile(body, profile, "chat")
-        if body.get("system") is not None:  # the client's system prompt: the profile's stays out
-            merged["messages"] = body.get("messages")
-        body = merged
-    limit = profile.context_limit if profile is not None else None
     stream = flag(body, "stream")
     reader, points = BreakpointReader(), []
     messages, prefill, message_points = read_messages(body, normalize_billing_header, reader)
-    tools, tool_request = parse_tools(_openai_tools(body, reader, points))
+    offered, choice = _tools(body, reader, points)
+    tools, tool_request = offer_tools(offered, choice)
     reader.check()
     cache_salt = body.get("cache_salt")
     if cache_salt is not None and not isinstance(cache_salt, str):
@@ -374,13 +372,13 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
         tools=tools,
         sampling=parse_sampling(_sampling_fields(body)),
         cache_salt=cache_salt,
-        context_limit=limit,
         continue_final_message=bool(prefill),
         # Anthropic's cache order: tools, system, messages (tools dropped with tool_choice none: no point)
         cache_breakpoints=(points if tools else []) + message_points,
-        prompt_layout=profile.prompt_layout if profile is not None else None,
     )
-    return MessagesRequest("chat", model_name(body), add, stream, False, limit, tools=tool_request, prefill=prefill)
+    parsed = MessagesRequest("chat", model_name(body), add, stream, False, sent=sent_parameters(body, SAMPLING_NAMES),
+                             tools=tool_request, prefill=prefill)
+    return with_profile(parsed, profile)
 
 
 async def messages(request: Request) -> Response:

@@ -13,11 +13,11 @@ from protocol.messages import AddRequest
 from router.api import openai_answers, schemas
 from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.logprobs import with_chat_logprobs
-from router.api.openai_common import cache_salt, stream_flags, wants_progress
+from router.api.openai_common import OPENAI_SAMPLING_NAMES, cache_salt, stream_flags, wants_progress
 from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
 from router.api.response_format import parse_response_format
 from router.api.unknown_fields import OPENAI_CHAT_FIELDS, note_unknown_fields
-from router.profiles import Profile, apply_profile
+from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import ParsedRequest, bad, parse_sampling, short
 
@@ -110,12 +110,9 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
     """The chat body -> what to send the worker.
 
     With the `profile` the request's model name selected, its defaults fill what the body
-    left out (see `router.profiles.apply_profile`) and its context limit goes to the worker.
+    left out (see `router.profiles.with_profile`) and its context limit goes to the worker.
     """
     note_unknown_fields("chat", body, OPENAI_CHAT_FIELDS)
-    if profile is not None:
-        body = apply_profile(body, profile, "chat")
-    limit = profile.context_limit if profile is not None else None
     stream, include_usage = stream_flags(body)
     tools, tool_request = parse_tools(body)
     add = AddRequest(
@@ -125,11 +122,11 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
         sampling=with_chat_logprobs(parse_sampling(body), body),
         cache_salt=cache_salt(body),
         want_progress=wants_progress(body),
-        context_limit=limit,
         constraint=parse_response_format(body),
-        prompt_layout=profile.prompt_layout if profile is not None else None,
     )
-    return ChatRequest("chat", model_name(body), add, stream, include_usage, limit, tools=tool_request)
+    parsed = ChatRequest("chat", model_name(body), add, stream, include_usage,
+                         sent=sent_parameters(body, OPENAI_SAMPLING_NAMES), tools=tool_request)
+    return with_profile(parsed, profile)
 
 
 DIALECT = Dialect(parse=parse, respond=openai_answers.respond, bind=bind)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.profiles import SAMPLING_DEFAULTS
 from router.validation import bad, flag, is_int, optional_str, short
+
+# the chat and completions fields a profile may default -> their SamplingParams names
+OPENAI_SAMPLING_NAMES = {**{name: name for name in SAMPLING_DEFAULTS}, "stop": "stop", "max_tokens": "max_tokens",
+                         "max_completion_tokens": "max_tokens"}
 
 
 def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:

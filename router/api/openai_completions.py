@@ -9,10 +9,10 @@ from protocol.messages import AddRequest
 from router.api import openai_answers, schemas
 from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.logprobs import with_completion_logprobs
-from router.api.openai_common import cache_salt, stream_flags, wants_progress
+from router.api.openai_common import OPENAI_SAMPLING_NAMES, cache_salt, stream_flags, wants_progress
 from router.api.response_format import parse_response_format
 from router.api.unknown_fields import OPENAI_COMPLETION_FIELDS, note_unknown_fields
-from router.profiles import Profile, apply_profile
+from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import MAX_TOKEN_ID, ParsedRequest, bad, is_int, parse_sampling, short
 from starlette.requests import Request
@@ -41,9 +41,6 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
     has no roles to put it in.
     """
     note_unknown_fields("completions", body, OPENAI_COMPLETION_FIELDS)
-    if profile is not None:
-        body = apply_profile(body, profile, "text")
-    limit = profile.context_limit if profile is not None else None
     stream, include_usage = stream_flags(body)
     if body.get("echo"):
         raise bad("echo", "'echo' is not supported yet")
@@ -56,10 +53,11 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
         sampling=with_completion_logprobs(parse_sampling(body), body),
         cache_salt=cache_salt(body),
         want_progress=wants_progress(body),
-        context_limit=limit,
         constraint=parse_response_format(body),  # vLLM's extension of this API
     )
-    return ParsedRequest("text", model_name(body), add, stream, include_usage, limit)
+    parsed = ParsedRequest("text", model_name(body), add, stream, include_usage,
+                           sent=sent_parameters(body, OPENAI_SAMPLING_NAMES))
+    return with_profile(parsed, profile)
 
 
 DIALECT = Dialect(parse=parse, respond=openai_answers.respond)

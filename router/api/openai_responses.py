@@ -11,6 +11,7 @@ agent that offers them must keep working.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import uuid
@@ -30,7 +31,7 @@ from router.api.response_format import parse_response_format
 from router.api.response_store import ResponseStore
 from router.api.responses_answers import ResponsesRequest
 from router.api.unknown_fields import note_unknown_fields
-from router.profiles import Profile, apply_profile
+from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import MAX_TOKENS_LIMIT, bad, flag, integer, optional_str, parse_sampling, short
 
@@ -48,6 +49,8 @@ RESPONSES_FIELDS = frozenset({
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 FORMATS = ("text", "json_object", "json_schema")
+# the Responses fields a profile may default -> their SamplingParams names
+SAMPLING_NAMES = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
 
 _dropped_kinds: set[str] = set()
 
@@ -287,21 +290,21 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *, store: Respon
     prompt_cache_key = optional_str(body, "prompt_cache_key")
     if prompt_cache_key is not None:  # mlxd's cache keys on the prompt's tokens; a key cannot help it
         logger.debug("responses: prompt_cache_key %r (a hint; the prefix cache needs none)", prompt_cache_key)
-    # the chat fields that share a meaning, so a profile and the chat checks apply as for chat
-    chat_body: dict[str, Any] = {"messages": [*first, *conversation], "max_tokens": max_output_tokens,
-                                 "temperature": body.get("temperature"), "top_p": body.get("top_p")}
-    if profile is not None:
-        chat_body = apply_profile(chat_body, profile, "chat")
-    limit = profile.context_limit if profile is not None else None
+    # the chat fields that share a meaning, so the chat checks apply as for chat
+    chat_body: dict[str, Any] = {"max_tokens": max_output_tokens, "temperature": body.get("temperature"),
+                                 "top_p": body.get("top_p")}
     chat_tools, namespaces, echoed_tools = _tools(body.get("tools"))
     tools, tool_request = parse_tools({"tools": chat_tools, "tool_choice": _tool_choice(body.get("tool_choice")),
                                        "parallel_tool_calls": body.get("parallel_tool_calls")})
     constraint, text = _text_format(body)
-    sampling = parse_sampling(chat_body)
     response_id = f"resp_{uuid.uuid4().hex}"
-    add = AddRequest(request_id=response_id, messages=chat_body["messages"], tools=tools, sampling=sampling,
-                     cache_salt=cache_salt(body), context_limit=limit, constraint=constraint,
-                     prompt_layout=profile.prompt_layout if profile is not None else None)
+    add = AddRequest(request_id=response_id, messages=[*first, *conversation], tools=tools,
+                     sampling=parse_sampling(chat_body), cache_salt=cache_salt(body), constraint=constraint)
+    parsed = with_profile(ResponsesRequest(
+        "responses", model_name(body), add, stream, True, sent=sent_parameters(body, SAMPLING_NAMES),
+        tools=tool_request, response_id=response_id, conversation=tuple(conversation), store=keep,
+        namespaces=namespaces), profile)
+    sampling = parsed.add.sampling
     echo = {
         "instructions": instructions, "max_output_tokens": max_output_tokens, "metadata": body.get("metadata") or {},
         "parallel_tool_calls": tool_request.parallel if tool_request is not None else body.get(
@@ -311,9 +314,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *, store: Respon
         "tool_choice": body.get("tool_choice") or "auto", "tools": echoed_tools, "truncation": "disabled",
         "user": body.get("user"),
     }
-    return ResponsesRequest("responses", model_name(body), add, stream, True, limit, tools=tool_request,
-                            response_id=response_id, conversation=tuple(conversation), store=keep,
-                            namespaces=namespaces, echo=echo)
+    return dataclasses.replace(parsed, echo=echo)
 
 
 def store_of(request: Request) -> ResponseStore:

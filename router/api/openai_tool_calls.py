@@ -10,7 +10,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from protocol.constraints import constraint_problem
 from protocol.messages import Constraint, Ready
 from protocol.tool_dialects import MLXD
 from router.api.openai_format import message_tool_calls, tool_call_arguments_delta, tool_call_start_delta
@@ -25,13 +24,13 @@ from router.tool_calls import (
     TextDelta,
     ToolCallParser,
     ToolRequest,
-    ToolSpec,
     dialect_named,
     forced_call_grammar,
     gather,
     make_parser,
 )
 from router.tool_calls.late_parser import LateParser
+from router.tool_calls.offer import OfferedTool, ToolChoice, offer_tools
 from router.validation import ParsedRequest, bad, flag, short
 
 logger = logging.getLogger(__name__)
@@ -48,58 +47,35 @@ class ChatRequest(ParsedRequest):
 
 
 def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, ToolRequest | None]:
-    """`tools`, `tool_choice` and `parallel_tool_calls` -> the tools as the worker renders
-    them and what the answer's parser and grammar need; (None, None) when there are no
-    tools or the choice is "none" (then tools are neither rendered nor parsed)."""
+    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body -> the tools as the
+    worker renders them and what the answer's parser and grammar need (`offer_tools`)."""
     parallel = body.get("parallel_tool_calls")
     parallel = True if parallel is None else flag(body, "parallel_tool_calls")
-    tools = _tool_list(body.get("tools"))
     choice, function = _tool_choice(body.get("tool_choice"))
-    if choice not in (NONE, AUTO) and not tools:
-        raise bad("tool_choice", f"'tool_choice' {short(body.get('tool_choice'))} needs 'tools'")
-    if not tools or choice == NONE:
-        return None, None
-    names = [tool["function"]["name"] for tool in tools]
-    if function is not None and function not in names:
-        raise bad("tool_choice", f"'tool_choice' names the function {short(function)}, which 'tools' does not hold")
-    specs = tuple(ToolSpec(tool["function"]["name"], tool["function"].get("parameters")) for tool in tools)
-    request = ToolRequest(specs, choice, function, parallel)
-    if request.forces_call:  # refused here, before a model is loaded for it; the dialect changes no schema
-        problem = constraint_problem(Constraint(kind="lark", source=forced_call_grammar(MLXD, request)))
-        if problem is not None:
-            raise bad("tools", f"'tool_choice' {short(body.get('tool_choice'))} cannot be enforced on these "
-                      f"tools' parameters: {problem.splitlines()[0]}")
-    return tools, request
+    return offer_tools(_tool_list(body.get("tools")),
+                       ToolChoice(choice, function, parallel, short(body.get("tool_choice"))),
+                       name_field="tools[{}].function.name")
 
 
-def _tool_list(tools: Any) -> list[dict[str, Any]]:
-    """The tools, each reduced to `{"type": "function", "function": {name, description,
-    parameters}}`: what templates read, in one key order (same body, same prompt)."""
+def _tool_list(tools: Any) -> list[OfferedTool]:
+    """The chat body's tools, each `{"type": "function", "function": {name, description,
+    parameters}}`."""
     if tools is None:
         return []
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list")
-    out, seen = [], set()
+    out = []
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
             raise bad("tools", f"'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")
-        name = function["name"]
-        if name in seen:
-            raise bad("tools", f"'tools[{i}].function.name' {short(name)} is offered twice")
-        seen.add(name)
-        reduced: dict[str, Any] = {"name": name}
         description = function.get("description")
-        if description is not None:
-            if not isinstance(description, str):
-                raise bad("tools", f"'tools[{i}].function.description' must be a string")
-            reduced["description"] = description
+        if description is not None and not isinstance(description, str):
+            raise bad("tools", f"'tools[{i}].function.description' must be a string")
         parameters = function.get("parameters")
-        if parameters is not None:
-            if not isinstance(parameters, dict):
-                raise bad("tools", f"'tools[{i}].function.parameters' must be a JSON schema object")
-            reduced["parameters"] = parameters
-        out.append({"type": "function", "function": reduced})
+        if parameters is not None and not isinstance(parameters, dict):
+            raise bad("tools", f"'tools[{i}].function.parameters' must be a JSON schema object")
+        out.append(OfferedTool(function["name"], description, parameters))
     return out
 
 

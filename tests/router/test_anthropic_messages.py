@@ -126,3 +126,22 @@ def test_bad_bodies_are_400s_naming_the_field(fields: dict[str, Any], param: str
     with pytest.raises(RequestError) as error:
         parse(body(**fields))
     assert error.value.status == 400 and error.value.param == param
+
+
+READ = {"name": "Read", "input_schema": {"type": "object"}}
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"tools": [{"input_schema": {"type": "object"}}]}, "'tools[0].name' must be a non-empty string"),
+    ({"tools": [READ, {"name": "Read", "input_schema": {}}]}, "'tools[1].name' 'Read' is offered twice"),
+    ({"tools": [{"name": "Read", "input_schema": "object"}]}, "'tools[0].input_schema' must be a JSON schema"),
+    ({"tools": [{"name": "Read", "description": 3, "input_schema": {}}]}, "'tools[0].description' must be a string"),
+    ({"tool_choice": {"type": "any"}}, "'tool_choice' {'type': 'any'} needs 'tools'"),
+])
+def test_a_bad_tool_is_told_in_anthropics_own_field_names(fields: dict[str, Any], says: str) -> None:
+    """Tools are read in Anthropic's spelling: the error never asks an Anthropic client for
+    OpenAI's `{"type": "function", "function": ...}`."""
+    with pytest.raises(RequestError) as error:
+        parse(body(**fields))
+    assert error.value.status == 400 and says in error.value.message
+    assert "function" not in error.value.message

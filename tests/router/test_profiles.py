@@ -11,7 +11,7 @@ import pytest
 from protocol.codec import decode, encode
 from protocol.messages import AddRequest
 from router.profiles import Profile
-from router.profiles import SAMPLING_DEFAULTS, apply_profile, split_model_name
+from router.profiles import SAMPLING_DEFAULTS, split_model_name
 from router.api.openai_chat import parse as parse_chat_request
 from router.api.anthropic_messages import parse as parse_messages_request
 from router.api.openai_completions import parse as parse_completion_request
@@ -40,63 +40,97 @@ def test_split_model_name(name: str, expected: tuple[str, str | None]) -> None:
     assert split_model_name(name) == expected
 
 
-def test_profile_fills_every_missing_parameter() -> None:
-    body = apply_profile(CHAT, FULL, "chat")
-    assert {k: body[k] for k in CLIENT} == {**{k: getattr(FULL, k) for k in SAMPLING_DEFAULTS},
-                                            "stop": ["###", "\n\n"], "max_tokens": 256}
+def sampled(parsed: Any) -> dict[str, Any]:
+    """The parameters a profile defaults, as the parsed request holds them."""
+    sampling = parsed.add.sampling
+    return {name: getattr(sampling, name) for name in CLIENT}
+
+
+PROFILED = {**{k: getattr(FULL, k) for k in SAMPLING_DEFAULTS}, "stop": ["###", "\n\n"], "max_tokens": 256}
+PARSERS = {"chat": parse_chat_request, "text": parse_completion_request}
+
+
+@pytest.mark.parametrize("kind, base", [("chat", CHAT), ("text", TEXT)])
+def test_profile_fills_every_missing_parameter(kind: str, base: dict[str, Any]) -> None:
+    assert sampled(PARSERS[kind](base, FULL)) == PROFILED
 
 
 @pytest.mark.parametrize("name", sorted(CLIENT))
 @pytest.mark.parametrize("kind, base", [("chat", CHAT), ("text", TEXT)])
-def test_client_value_wins(name: str, kind: Any, base: dict[str, Any]) -> None:
-    body = apply_profile({**base, name: CLIENT[name]}, FULL, kind)
-    assert body[name] == CLIENT[name]
+def test_client_value_wins(name: str, kind: str, base: dict[str, Any]) -> None:
+    got = sampled(PARSERS[kind]({**base, name: CLIENT[name]}, FULL))
+    assert got == {**PROFILED, name: CLIENT[name]}
 
 
 @pytest.mark.parametrize("name", sorted(CLIENT))
 def test_null_counts_as_not_sent(name: str) -> None:
-    body = apply_profile({**CHAT, name: None}, FULL, "chat")
-    assert body[name] is not None
+    assert sampled(parse_chat_request({**CHAT, name: None}, FULL)) == PROFILED
 
 
 def test_max_completion_tokens_counts_as_max_tokens() -> None:
-    body = apply_profile({**CHAT, "max_completion_tokens": 12}, FULL, "chat")
-    assert "max_tokens" not in body
-    assert parse_chat_request(body).add.sampling.max_tokens == 12
+    assert parse_chat_request({**CHAT, "max_completion_tokens": 12}, FULL).add.sampling.max_tokens == 12
 
 
 def test_empty_profile_changes_nothing() -> None:
-    assert apply_profile(CHAT, Profile(), "chat") == CHAT
+    plain, profiled = parse_chat_request(CHAT), parse_chat_request(CHAT, Profile())
+    assert profiled.add.sampling == plain.add.sampling and profiled.add.messages == plain.add.messages
 
 
 @pytest.mark.parametrize("messages, expected_first", [
     ([{"role": "user", "content": "hi"}], {"role": "system", "content": "You write Python."}),
     ([{"role": "system", "content": "mine"}, {"role": "user", "content": "hi"}], {"role": "system", "content": "mine"}),
     ([{"role": "user", "content": "hi"}, {"role": "system", "content": "late"}], {"role": "user", "content": "hi"}),
-    ([{"role": "developer", "content": "dev"}], {"role": "developer", "content": "dev"}),
+    # the parser reads a developer message as the system one: the client's, kept
+    ([{"role": "developer", "content": "dev"}, {"role": "user", "content": "hi"}],
+     {"role": "system", "content": "dev"}),
 ])
 def test_system_prompt_only_when_absent(messages: list[dict[str, Any]], expected_first: dict[str, Any]) -> None:
-    body = apply_profile({**CHAT, "messages": messages}, FULL, "chat")
-    assert body["messages"][0] == expected_first
+    got = parse_chat_request({**CHAT, "messages": messages}, FULL).add.messages
+    assert got is not None and got[0]["role"] == expected_first["role"]
+    assert got[0]["content"] == expected_first["content"]
     inserted = expected_first["content"] == FULL.system_prompt
-    assert len(body["messages"]) == len(messages) + inserted
+    assert len(got) == len(messages) + inserted
 
 
 def test_completions_ignore_system_prompt() -> None:
-    body = apply_profile(TEXT, FULL, "text")
-    assert body["prompt"] == TEXT["prompt"] and "messages" not in body
     parsed = parse_completion_request(TEXT, FULL)
     assert parsed.add.prompt == "def f(" and parsed.add.messages is None
 
 
-def test_bad_messages_are_left_for_validation() -> None:
-    assert apply_profile({**CHAT, "messages": "hi"}, FULL, "chat")["messages"] == "hi"
-
-
 def test_the_body_is_not_modified() -> None:
     body = copy.deepcopy(CHAT)
-    apply_profile(body, FULL, "chat")
+    parse_chat_request(body, FULL)
     assert body == CHAT
+
+
+MESSAGES = {"model": "smol:coder", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_profile_fills_an_anthropic_request_in_its_own_fields() -> None:
+    """Applied to the parsed request: the profile's stop strings reach the sampling, and an
+    Anthropic body's `stop` (not one of its fields) is never read as stop_sequences."""
+    parsed = parse_messages_request(MESSAGES, FULL)
+    assert parsed.add.sampling.stop == ["###", "\n\n"] and parsed.add.sampling.temperature == FULL.temperature
+    assert parsed.add.sampling.max_tokens == 8  # the client's max_tokens wins
+    assert parse_messages_request({**MESSAGES, "stop_sequences": ["END"]}, FULL).add.sampling.stop == ["END"]
+    assert parse_messages_request({**MESSAGES, "stop": ["END"]}).add.sampling.stop == []
+    with_system = parse_messages_request({**MESSAGES, "system": "mine"}, FULL).add.messages
+    assert with_system is not None and [m["content"] for m in with_system if m["role"] == "system"] == ["mine"]
+
+
+def test_the_profiles_system_prompt_moves_a_messages_breakpoint_with_its_message() -> None:
+    body = {**MESSAGES, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}]}
+    plain, profiled = parse_messages_request(body), parse_messages_request(body, FULL)
+    assert profiled.add.messages is not None and profiled.add.messages[0]["content"] == FULL.system_prompt
+    (before,), (after,) = plain.add.cache_breakpoints, profiled.add.cache_breakpoints
+    assert after.message_index == before.message_index + 1
+    assert profiled.add.messages[after.message_index] == plain.add.messages[before.message_index]
+
+
+def test_responses_echo_the_profiles_sampling() -> None:
+    parsed = parse_responses_request({"model": "smol:coder", "input": "hi"}, FULL, store=ResponseStore())
+    assert parsed.echo["temperature"] == FULL.temperature and parsed.add.sampling.max_tokens == 256
 
 
 def test_parse_with_profile() -> None:
