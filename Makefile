@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench blas kernels clean
+.PHONY: install serve test bench blas kernels kernels-sanitized clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,26 @@ $(KERNEL_SO): worker/csrc/*.cpp worker/csrc/*.h worker/csrc/*.inc worker/csrc/CM
 	cmake --build .cache/kernels-build -j 2 >> .cache/kernels-build.log
 	@echo "built $@"
 
-# Optimised BLAS for MLX's CPU build (see DESIGN.md "Performance on Linux").
+# The kernel tests against the kernels built with AddressSanitizer and UBSan, in a copy of
+# the tree (the served kernels in worker/ stay as they are). Python is not instrumented:
+# the sanitizer runtimes are preloaded and leak checks are off (the interpreter's own).
+SANITIZED := .cache/sanitized
+KERNEL_TESTS := tests/worker/test_cpu_kernels.py tests/worker/test_norm_rope_kernels.py \
+	tests/worker/test_quantized_kernels.py tests/worker/test_kernel_threads.py
+kernels-sanitized: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet "nanobind>=3,<4"
+	rm -rf $(SANITIZED) && mkdir -p $(SANITIZED)
+	cp -r worker protocol tests pyproject.toml $(SANITIZED)/
+	rm -f $(SANITIZED)/worker/_cpu_kernels*.so
+	cmake -S worker/csrc -B .cache/kernels-sanitized-build -DMLXD_SANITIZE=ON \
+		-DPython_EXECUTABLE=$(abspath $(BIN)/python) -DOUTPUT_DIR=$(abspath $(SANITIZED)/worker) \
+		> .cache/kernels-sanitized-build.log
+	cmake --build .cache/kernels-sanitized-build -j 2 >> .cache/kernels-sanitized-build.log
+	cd $(SANITIZED) && LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		$(abspath $(BIN)/python) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
+
+# Optimised BLAS for MLX's CPU build (README.md, "Linux CPUs").
 blas:
 	@sh deploy/install_blas.sh
 

@@ -46,7 +46,7 @@ def make_private(root: Path) -> None:
 
 
 class KVStore(SpaceKeeper):
-    """The cold tier on one directory (see DESIGN.md, "Cold tier").
+    """The cold tier on one directory (docs/architecture.md, "The cache").
 
     Invariants:
     - a get returns the exact bytes put, or None: every read checks the record's CRCs, key

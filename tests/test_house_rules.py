@@ -62,3 +62,41 @@ def test_no_middleware_knows_a_dialect() -> None:
 
 def python_files(*roots: str) -> list[Path]:
     return [p for root in roots for p in (REPO / root).rglob("*.py") if ".venv" not in p.parts]
+
+
+CSRC = REPO / "worker" / "csrc"
+
+
+def test_one_primitive_boilerplate_in_the_kernels() -> None:
+    """Every CPU-only MLX primitive derives from worker/csrc/cpu_primitive.h, which alone
+    refuses the GPU and allocates and registers the output: no eighth copy of it."""
+    sources = {p.name: p.read_text() for p in CSRC.iterdir() if p.suffix in (".cpp", ".h", ".inc")}
+    direct = sorted(n for n, s in sources.items() if re.search(r":\s*public\s+(mlx::core::)?Primitive\b", s)
+                    and n != "cpu_primitive.h")
+    assert not direct, f"derive from CpuPrimitive, not Primitive: {direct}"
+    copies = sorted(n for n, s in sources.items() for marker in ("eval_gpu", "get_command_encoder", "allocator::malloc")
+                    if marker in s and n != "cpu_primitive.h")
+    assert not copies, f"the primitive boilerplate is written again in {copies}"
+
+
+def test_one_word_for_the_quantized_panels() -> None:
+    """The quantized kernels call the block of weight rows they unpack at once a panel;
+    "tile" meant the same thing once (the attention kernel's register tile of query rows is
+    another thing, and keeps its name)."""
+    named = sorted(p.name for p in CSRC.glob("quantized*") if re.search(r"\btiles?\b|_tile|tile_", p.read_text(), re.I))
+    named += sorted(p.name for p in (REPO / "worker").glob("*.py") if "quantiz" in p.name
+                    and re.search(r"\btiles?\b", p.read_text(), re.I))
+    assert not named, f"say panel, not tile: {named}"
+
+
+def test_no_citation_of_a_document_the_repo_does_not_have() -> None:
+    """A comment that sends the reader to DESIGN.md sends them nowhere: the repo has none
+    (the design lives in docs/architecture.md and README.md)."""
+    if (REPO / "DESIGN.md").exists():
+        return
+    roots = ("router", "worker", "kvstore", "protocol", "models", "bench", "deploy", "tests")
+    files = [p for root in roots for p in (REPO / root).rglob("*") if p.is_file()
+             and p.suffix in (".py", ".cpp", ".h", ".inc", ".sh", ".md", ".txt", ".toml")]
+    files += [REPO / "Makefile", REPO / "README.md", REPO / "pyproject.toml"]
+    citing = sorted(str(p.relative_to(REPO)) for p in files if p != Path(__file__) and "DESIGN.md" in p.read_text())
+    assert not citing, f"these cite a DESIGN.md the repo does not have: {citing}"

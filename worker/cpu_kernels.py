@@ -101,15 +101,15 @@ def _quantized_problem(kernels: Any) -> str | None:
         rows = kernels.quantized_gather(w, scales, biases, ids, group_size=32, bits=bits)
         if mx.abs(rows - reference[ids]).max().item() > 1e-5:
             return f"{bits}-bit gather differs from MLX"
-        for tile_rows in (16, 8):
-            panels = kernels.quantized_tile(w, scales, biases, group_size=32, bits=bits, tile_rows=tile_rows)
+        for panel_rows in (16, 8):
+            panels = kernels.quantized_panels(w, scales, biases, group_size=32, bits=bits, panel_rows=panel_rows)
             if not (mx.array_equal(kernels.quantized_matmul(x, *panels, group_size=32, bits=bits), got).item()
                     and mx.array_equal(kernels.quantized_gather(*panels, ids, group_size=32, bits=bits), rows).item()):
-                return f"{bits}-bit weights in panels of {tile_rows} give other results than MLX's layout"
+                return f"{bits}-bit weights in panels of {panel_rows} give other results than MLX's layout"
     return None
 
 
-def tile_quantized_weights(model: nn.Module) -> int:
+def pack_quantized_panels(model: nn.Module) -> int:
     """Put every quantized weight the kernels serve into panels of the height this CPU's
     loop reads (16 rows for AVX-512, 8 for AVX2; worker/csrc/quantized_layout.h): each
     32-value block of a panel's rows is stored together, in the order the loop cuts it
@@ -121,10 +121,10 @@ def tile_quantized_weights(model: nn.Module) -> int:
     if not install().startswith("mlxd-cpu"):
         return 0
     kernels = _load_extension()
-    tile_rows = kernels.quantized_tile_rows()
-    if tile_rows <= 1:
+    panel_rows = kernels.quantized_panel_rows()
+    if panel_rows <= 1:
         return 0
-    tiled = 0
+    packed = 0
     for name, module in model.named_modules():
         if not isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             continue
@@ -135,16 +135,16 @@ def tile_quantized_weights(model: nn.Module) -> int:
             continue
         rows = module.weight.shape[0]
         # a height that divides the rows: the AVX2 loop's 8 serves where 16 does not
-        height = next((h for h in (tile_rows, 8) if h <= tile_rows and rows % h == 0), None)
+        height = next((h for h in (panel_rows, 8) if h <= panel_rows and rows % h == 0), None)
         if height is None:
             log.warning("%s: %d rows, not a multiple of 8: left in MLX's layout, which the kernels' scalar loop "
                         "reads (correct, but slow)", name, rows)
             continue
-        module.weight, module.scales, module.biases = kernels.quantized_tile(
-            module.weight, scales, biases, group_size=module.group_size, bits=module.bits, tile_rows=height)
+        module.weight, module.scales, module.biases = kernels.quantized_panels(
+            module.weight, scales, biases, group_size=module.group_size, bits=module.bits, panel_rows=height)
         mx.eval(module.weight, module.scales, module.biases)
-        tiled += 1
-    return tiled
+        packed += 1
+    return packed
 
 
 def serves_quantized(bits: int, group_size: int, mode: str = "affine") -> bool:
@@ -239,7 +239,7 @@ def _quantized_matmul(kernels: Any, fallback: Callable[..., mx.array]) -> Callab
             and scales.dtype in QUANTIZED_SCALE_DTYPES
             and biases.dtype == scales.dtype
             and x.ndim >= 1
-            and x.shape[-1] == scales.shape[1] * group_size  # w may be tiled: see tile_quantized_weights
+            and x.shape[-1] == scales.shape[1] * group_size  # w may be packed: see pack_quantized_panels
         ):
             return kernels.quantized_matmul(x, w, scales, biases, group_size=group_size, bits=bits)
         return fallback(x, w, scales=scales, biases=biases, transpose=transpose, group_size=group_size,

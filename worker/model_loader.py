@@ -23,7 +23,7 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from protocol.context_window import declared_context_length
 from worker.cpu_kernels import install as install_cpu_kernels
-from worker.cpu_kernels import serves_quantized, tile_quantized_weights
+from worker.cpu_kernels import pack_quantized_panels, serves_quantized
 from worker.fused_projections import fuse_sibling_projections
 
 log = logging.getLogger(__name__)
@@ -178,10 +178,10 @@ def load_for_serving(path: str | Path, dtype: str = "auto", fuse_projections: bo
             log.info("dequantized %d layers to %s for this device", num, effective)
     quantization = describe_quantization(model)
     if quantization != "none":
-        tiled = tile_quantized_weights(model)
-        fused = fuse_sibling_projections(model) if tiled and fuse_projections else 0
+        packed = pack_quantized_panels(model)
+        fused = fuse_sibling_projections(model) if packed and fuse_projections else 0
         log.info("quantized layers served as they are: %s (%d weights in panels for the kernels; %d q/k/v and "
-                 "gate/up groups fused)", quantization, tiled, fused)
+                 "gate/up groups fused)", quantization, packed, fused)
     mx.eval(model.parameters())
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     context = declared_context_length(config)

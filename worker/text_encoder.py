@@ -77,12 +77,12 @@ class TextEncoder:
     def _load_decoder(self) -> tuple[Any, int]:
         from mlx_lm.utils import load as mlx_lm_load
 
-        from worker.cpu_kernels import tile_quantized_weights
+        from worker.cpu_kernels import pack_quantized_panels
 
         model, _ = mlx_lm_load(str(self.model_dir))
         # a quantized decoder's weights go into the kernels' panels, as a chat model's do:
         # in MLX's own layout the kernels (installed process-wide) run their scalar loop
-        tile_quantized_weights(model)
+        pack_quantized_panels(model)
         limit = int(self.config.get("max_position_embeddings") or self.config.get("max_seq_len") or 8192)
         return model, limit
 

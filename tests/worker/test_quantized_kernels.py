@@ -102,14 +102,14 @@ def test_gather_equals_dequantized_rows(bits: int, group_size: int, dtype: mx.Dt
 
 
 @pytest.mark.parametrize("bits,group_size,dtype,k", CASES)
-@pytest.mark.parametrize("tile_rows", [8, 16])
-def test_panels_give_the_same_bits(bits: int, group_size: int, dtype: mx.Dtype, k: int, tile_rows: int) -> None:
+@pytest.mark.parametrize("panel_rows", [8, 16])
+def test_panels_give_the_same_bits(bits: int, group_size: int, dtype: mx.Dtype, k: int, panel_rows: int) -> None:
     """Panels only move bytes (each block of 8 or 16 rows stored as the vector loop cuts
     it): every output, for every batch shape, and the gather are bit for bit what MLX's
     layout gives (which the scalar loop reads)."""
     w, scales, biases = _weights(80, k, bits, group_size, dtype)
-    panels = kernels.quantized_tile(w, scales, biases, group_size=group_size, bits=bits, tile_rows=tile_rows)
-    assert panels[0].shape == (80 // tile_rows, w.shape[1] * tile_rows)
+    panels = kernels.quantized_panels(w, scales, biases, group_size=group_size, bits=bits, panel_rows=panel_rows)
+    assert panels[0].shape == (80 // panel_rows, w.shape[1] * panel_rows)
     assert panels[1].shape == scales.shape and panels[1].dtype == scales.dtype
     assert not mx.array_equal(panels[0].reshape(w.shape), w).item()  # the bytes did move
     for tokens in (1, 5, 70):
@@ -124,7 +124,7 @@ def test_panels_give_the_same_bits(bits: int, group_size: int, dtype: mx.Dtype, 
 def test_a_changed_panel_byte_changes_its_row_only() -> None:
     """The panel comparison can fail: one flipped bit in a panel moves one output column."""
     w, scales, biases = _weights(32, 576, 5, 32, mx.float16)
-    panels = list(kernels.quantized_tile(w, scales, biases, group_size=32, bits=5, tile_rows=16))
+    panels = list(kernels.quantized_panels(w, scales, biases, group_size=32, bits=5, panel_rows=16))
     x = mx.random.normal((1, 576), key=mx.random.key(2))
     before = kernels.quantized_matmul(x, *panels, group_size=32, bits=5)
     flipped = np.array(panels[0])
@@ -138,7 +138,7 @@ def test_mlx_refuses_panels_rather_than_misread_them() -> None:
     from worker.cpu_kernels import _stock_quantized_matmul
 
     w, scales, biases = _weights(16, 64, 4, 32, mx.float16)
-    panels = kernels.quantized_tile(w, scales, biases, group_size=32, bits=4, tile_rows=16)
+    panels = kernels.quantized_panels(w, scales, biases, group_size=32, bits=4, panel_rows=16)
     with pytest.raises(ValueError):
         mx.eval(_stock_quantized_matmul(mx.zeros((1, 64)), *panels[:1], scales=panels[1], biases=panels[2],
                                         transpose=True, group_size=32, bits=4))
@@ -166,9 +166,9 @@ for bits, group_size, k in ((4, 32, 96), (4, 64, 640), (5, 32, 896), (5, 128, 64
     x = mx.random.normal((7, 1, k), key=mx.random.key(2))
     out.append(np.array(kernels.quantized_matmul(x, w, s.astype(mx.float16), b.astype(mx.float16),
                                                  group_size=group_size, bits=bits)))
-    for tile_rows in (8, 16):  # and in panels, as a loaded model's weights are (33 rows: the first 32)
-        panels = kernels.quantized_tile(w[:32], s[:32].astype(mx.float16), b[:32].astype(mx.float16),
-                                        group_size=group_size, bits=bits, tile_rows=tile_rows)
+    for panel_rows in (8, 16):  # and in panels, as a loaded model's weights are (33 rows: the first 32)
+        panels = kernels.quantized_panels(w[:32], s[:32].astype(mx.float16), b[:32].astype(mx.float16),
+                                        group_size=group_size, bits=bits, panel_rows=panel_rows)
         out.append(np.array(kernels.quantized_matmul(x, *panels, group_size=group_size, bits=bits)))
 np.save(sys.argv[1], np.concatenate([o.reshape(-1) for o in out]))
 print(kernels.quantized_isa())
@@ -232,7 +232,7 @@ def test_loaded_layers_go_into_panels_of_a_height_that_divides_them() -> None:
 import mlx.core as mx
 import mlx.nn as nn
 from worker import _cpu_kernels as kernels
-from worker.cpu_kernels import install, tile_quantized_weights
+from worker.cpu_kernels import install, pack_quantized_panels
 
 install()  # the kernels compute `want` too (MLX's own op rounds otherwise)
 model = nn.Sequential(nn.QuantizedLinear(256, 48, group_size=32, bits=5), nn.QuantizedLinear(256, 24, group_size=32, bits=4),
@@ -240,14 +240,14 @@ model = nn.Sequential(nn.QuantizedLinear(256, 48, group_size=32, bits=5), nn.Qua
 x = mx.random.normal((3, 256))
 want = [layer(x) for layer in model.layers]
 shapes = [layer.weight.shape for layer in model.layers]
-assert tile_quantized_weights(model) == 2
-height = kernels.quantized_tile_rows()
+assert pack_quantized_panels(model) == 2
+height = kernels.quantized_panel_rows()
 assert model.layers[0].weight.shape == (48 // height, shapes[0][1] * height)
 assert model.layers[1].weight.shape == (3, shapes[1][1] * 8)
 assert model.layers[2].weight.shape == shapes[2]  # 20 rows: left as MLX stores them
 assert all(mx.array_equal(layer(x), w).item() for layer, w in zip(model.layers, want))
 """
-    if kernels.quantized_tile_rows() == 1:
+    if kernels.quantized_panel_rows() == 1:
         pytest.skip("this CPU runs the scalar loop only: nothing goes into panels")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -10,6 +10,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "cpu_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -256,20 +257,17 @@ const float* last_axis_contiguous(const array& a, std::vector<float>& copy, int6
   return copy.data();
 }
 
-class Attention : public Primitive {
+class Attention : public CpuPrimitive {
  public:
   Attention(Stream stream, float scale, int mask_kind)
-      : Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+      : CpuPrimitive(stream, "MlxdAttention"), scale_(scale), mask_kind_(mask_kind) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array& q = inputs[0];
     const array& k = inputs[1];
     const array& v = inputs[2];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (const auto& in : inputs) encoder.set_input_array(in);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
 
     Job job{};
     job.B = q.shape(0);
@@ -306,13 +304,7 @@ class Attention : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd attention runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdAttention";
-  }
 
   bool is_equivalent(const Primitive& other) const override {
     const auto& o = static_cast<const Attention&>(other);

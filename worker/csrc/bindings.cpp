@@ -60,9 +60,9 @@ NB_MODULE(_cpu_kernels, m) {
       nb::arg("bits"),
       nb::arg("stream") = nb::none());
   m.def("quantized_isa", &mlxd::quantized_isa);
-  m.def("quantized_tile_rows", &mlxd::quantized_tile_rows);
-  m.def("quantized_tile", &mlxd::quantized_tile, nb::arg("w"), nb::arg("scales"), nb::arg("biases"), nb::kw_only(),
-        nb::arg("group_size"), nb::arg("bits"), nb::arg("tile_rows"));
+  m.def("quantized_panel_rows", &mlxd::quantized_panel_rows);
+  m.def("quantized_panels", &mlxd::quantized_panels, nb::arg("w"), nb::arg("scales"), nb::arg("biases"), nb::kw_only(),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("panel_rows"));
   m.def("rms_norm", &mlxd::rms_norm, nb::arg("x"), nb::arg("weight").none(), nb::arg("eps"), nb::kw_only(),
         nb::arg("stream") = nb::none());
   m.def(

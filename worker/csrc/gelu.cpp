@@ -6,6 +6,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "cpu_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -40,17 +41,14 @@ void gelu_range(const float* x, float* out, int64_t begin, int64_t end) {
   }
 }
 
-class Gelu : public Primitive {
+class Gelu : public CpuPrimitive {
  public:
-  explicit Gelu(Stream stream) : Primitive(stream) {}
+  explicit Gelu(Stream stream) : CpuPrimitive(stream, "MlxdGelu") {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array& x = inputs[0];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int64_t n = out.size();
     encoder.dispatch([xp = x.data<float>(), o = out.data<float>(), n]() {
       const int64_t items = (n + kChunk - 1) / kChunk;
@@ -61,17 +59,8 @@ class Gelu : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd gelu runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdGelu";
-  }
 
-  bool is_equivalent(const Primitive&) const override {
-    return true;
-  }
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "cpu_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -51,17 +52,14 @@ float row_logsumexp(const float* x, int64_t n) {
   return m + std::log(sum);
 }
 
-class LogSumExpLast : public Primitive {
+class LogSumExpLast : public CpuPrimitive {
  public:
-  explicit LogSumExpLast(Stream stream) : Primitive(stream) {}
+  explicit LogSumExpLast(Stream stream) : CpuPrimitive(stream, "MlxdLogSumExpLast") {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array& x = inputs[0];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int64_t n = x.shape(-1);
     const int64_t rows = n > 0 ? x.size() / n : 0;
     encoder.dispatch([src = x.data<float>(), dst = out.data<float>(), rows, n]() {
@@ -69,17 +67,8 @@ class LogSumExpLast : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd logsumexp runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdLogSumExpLast";
-  }
 
-  bool is_equivalent(const Primitive&) const override {
-    return true;
-  }
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "cpu_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -39,17 +40,14 @@ void rms_rows(const float* x, const float* w, float* out, int64_t rows, int64_t 
   });
 }
 
-class RMSNorm : public Primitive {
+class RMSNorm : public CpuPrimitive {
  public:
-  RMSNorm(Stream stream, float eps, bool has_weight) : Primitive(stream), eps_(eps), has_weight_(has_weight) {}
+  RMSNorm(Stream stream, float eps, bool has_weight) : CpuPrimitive(stream, "MlxdRMSNorm"), eps_(eps), has_weight_(has_weight) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array& x = inputs[0];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (const array& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int64_t D = x.shape(-1);
     encoder.dispatch([xp = x.data<float>(), wp = has_weight_ ? inputs[1].data<float>() : nullptr,
                       op = out.data<float>(), rows = static_cast<int64_t>(x.size()) / D, D, eps = eps_]() {
@@ -57,13 +55,7 @@ class RMSNorm : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd rms_norm runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdRMSNorm";
-  }
 
   bool is_equivalent(const Primitive& other) const override {
     const auto& o = static_cast<const RMSNorm&>(other);
@@ -119,18 +111,15 @@ void rope_rows(const RopeJob& j) {
   });
 }
 
-class Rope : public Primitive {
+class Rope : public CpuPrimitive {
  public:
   Rope(Stream stream, int dims, bool traditional, float base, float scale)
-      : Primitive(stream), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
+      : CpuPrimitive(stream, "MlxdRope"), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array &x = inputs[0], &offsets = inputs[1];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (const array& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     RopeJob job{};
     job.x = x.data<float>();
     job.offsets = offsets.data<int32_t>();
@@ -147,13 +136,7 @@ class Rope : public Primitive {
     encoder.dispatch([job]() { rope_rows(job); });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd rope runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdRope";
-  }
 
   bool is_equivalent(const Primitive& other) const override {
     const auto& o = static_cast<const Rope&>(other);

@@ -9,6 +9,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "cpu_primitive.h"
 #include "parallel.h"
 #include "quantized_gemv.h"
 #include "quantized_layout.h"
@@ -31,14 +32,14 @@ void dequant_row(const Layout& L, const uint8_t* w, const void* s, const void* b
 }
 
 // Rows per panel of a weight: 1 for MLX's (N, words) matrix, R for panels, which
-// quantized_tile stores as (N / R, R * words) so that MLX's own ops refuse them.
-int tile_rows_of(const array& w, const array& scales) {
+// quantized_panels stores as (N / R, R * words) so that MLX's own ops refuse them.
+int panel_rows_of(const array& w, const array& scales) {
   return w.shape(0) > 0 ? static_cast<int>(scales.shape(0) / w.shape(0)) : 1;
 }
 
 Layout make_layout(const array& w, const array& scales, int group_size, int bits) {
   Layout L{};
-  L.tile_rows = tile_rows_of(w, scales);
+  L.panel_rows = panel_rows_of(w, scales);
   L.N = scales.shape(0);
   L.K = scales.shape(1) * group_size;
   L.row_groups = scales.shape(1);
@@ -58,11 +59,11 @@ void check_weights(const char* op, const array& w, const array& scales, const ar
   if (scales.ndim() != 2 || biases.shape() != scales.shape()) {
     throw std::invalid_argument(std::string(op) + ": scales and biases must be (N, K / group_size)");
   }
-  int64_t tile = w.shape(0) > 0 ? scales.shape(0) / w.shape(0) : 0;
-  if ((tile != 1 && tile != 8 && tile != 16) || w.shape(0) * tile != scales.shape(0) || w.shape(1) % tile != 0) {
+  int64_t panel = w.shape(0) > 0 ? scales.shape(0) / w.shape(0) : 0;
+  if ((panel != 1 && panel != 8 && panel != 16) || w.shape(0) * panel != scales.shape(0) || w.shape(1) % panel != 0) {
     throw std::invalid_argument(std::string(op) + ": w must be (N, K * bits / 32), or panels (N / R, R * K * bits / 32)");
   }
-  int64_t K = w.shape(1) / tile * 32 / bits;
+  int64_t K = w.shape(1) / panel * 32 / bits;
   if (scales.shape(1) * group_size != K) {
     throw std::invalid_argument(std::string(op) + ": scales and biases must be (N, K / group_size)");
   }
@@ -71,17 +72,14 @@ void check_weights(const char* op, const array& w, const array& scales, const ar
   }
 }
 
-class QuantizedMatmul : public Primitive {
+class QuantizedMatmul : public CpuPrimitive {
  public:
-  QuantizedMatmul(Stream stream, int group_size, int bits) : Primitive(stream), group_size_(group_size), bits_(bits) {}
+  QuantizedMatmul(Stream stream, int group_size, int bits) : CpuPrimitive(stream, "MlxdQuantizedMatmul"), group_size_(group_size), bits_(bits) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (const array& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     Layout L = make_layout(w, scales, group_size_, bits_);
     int64_t M = x.size() / L.K;
     encoder.dispatch([L, M, xp = x.data<float>(), wp = w.data<uint8_t>(), sp = scales.data<void>(),
@@ -90,13 +88,7 @@ class QuantizedMatmul : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd quantized_matmul runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdQuantizedMatmul";
-  }
 
   bool is_equivalent(const Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmul&>(other);
@@ -107,17 +99,14 @@ class QuantizedMatmul : public Primitive {
   int group_size_, bits_;
 };
 
-class QuantizedGather : public Primitive {
+class QuantizedGather : public CpuPrimitive {
  public:
-  QuantizedGather(Stream stream, int group_size, int bits) : Primitive(stream), group_size_(group_size), bits_(bits) {}
+  QuantizedGather(Stream stream, int group_size, int bits) : CpuPrimitive(stream, "MlxdQuantizedGather"), group_size_(group_size), bits_(bits) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array &w = inputs[0], &scales = inputs[1], &biases = inputs[2], &indices = inputs[3];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (const array& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     Layout L = make_layout(w, scales, group_size_, bits_);
     encoder.dispatch([L, wp = w.data<uint8_t>(), sp = scales.data<void>(), bp = biases.data<void>(),
                       ip = indices.data<int32_t>(), count = static_cast<int64_t>(indices.size()),
@@ -134,13 +123,7 @@ class QuantizedGather : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd quantized_gather runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdQuantizedGather";
-  }
 
   bool is_equivalent(const Primitive& other) const override {
     const auto& o = static_cast<const QuantizedGather&>(other);
@@ -191,21 +174,21 @@ std::string quantized_isa() {
   return gemv_isa();
 }
 
-std::tuple<array, array, array> quantized_tile(const array& w, const array& scales, const array& biases,
-                                               int group_size, int bits, int tile_rows) {
-  check_weights("quantized_tile", w, scales, biases, group_size, bits);
-  if (tile_rows_of(w, scales) != 1) throw std::invalid_argument("quantized_tile: w is already in panels");
-  if ((tile_rows != 8 && tile_rows != 16) || scales.shape(0) % tile_rows != 0) {
-    throw std::invalid_argument("quantized_tile: tile_rows must be 8 or 16 and divide the rows");
+std::tuple<array, array, array> quantized_panels(const array& w, const array& scales, const array& biases,
+                                               int group_size, int bits, int panel_rows) {
+  check_weights("quantized_panels", w, scales, biases, group_size, bits);
+  if (panel_rows_of(w, scales) != 1) throw std::invalid_argument("quantized_panels: w is already in panels");
+  if ((panel_rows != 8 && panel_rows != 16) || scales.shape(0) % panel_rows != 0) {
+    throw std::invalid_argument("quantized_panels: panel_rows must be 8 or 16 and divide the rows");
   }
   array wc = contiguous(w), sc = contiguous(scales), bc = contiguous(biases);
   eval({wc, sc, bc});
   Layout L = make_layout(wc, sc, group_size, bits);
   std::vector<uint8_t> panel_w(wc.nbytes());
   std::vector<uint8_t> panel_s(sc.nbytes()), panel_b(bc.nbytes());
-  repack_panels(L, wc.data<uint8_t>(), sc.data<void>(), bc.data<void>(), tile_rows, panel_w.data(), panel_s.data(),
+  repack_panels(L, wc.data<uint8_t>(), sc.data<void>(), bc.data<void>(), panel_rows, panel_w.data(), panel_s.data(),
                 panel_b.data());
-  Shape shape{static_cast<int>(w.shape(0) / tile_rows), static_cast<int>(w.shape(1) * tile_rows)};
+  Shape shape{static_cast<int>(w.shape(0) / panel_rows), static_cast<int>(w.shape(1) * panel_rows)};
   array out_w(reinterpret_cast<const uint32_t*>(panel_w.data()), shape, uint32);
   auto same = [](const std::vector<uint8_t>& bytes, const array& like) {
     if (like.dtype() == float16) return array(reinterpret_cast<const float16_t*>(bytes.data()), like.shape(), float16);
@@ -214,8 +197,8 @@ std::tuple<array, array, array> quantized_tile(const array& w, const array& scal
   return {out_w, same(panel_s, sc), same(panel_b, bc)};
 }
 
-int quantized_tile_rows() {
-  return gemv_tile_rows();
+int quantized_panel_rows() {
+  return gemv_panel_rows();
 }
 
 }  // namespace mlxd

@@ -12,7 +12,7 @@ namespace mlxd {
 // x (..., K) float32 times the transpose of the (N, K) weight that `w` (uint32, N rows of
 // K*bits/32 words), `scales` and `biases` (N, K/group_size; float32 or float16) encode:
 // w[n, k] = scales[n, k/g] * q[n, k] + biases[n, k/g]. Returns (..., N) float32.
-// `w` may also be in panels, (N / R, R * K*bits/32) with R = 16 or 8 (quantized_tile,
+// `w` may also be in panels, (N / R, R * K*bits/32) with R = 16 or 8 (quantized_panels,
 // quantized_layout.h), which the vector loops stream in one sequence; MLX's own
 // quantized ops refuse that shape rather than misread it. MLX's plain layout runs the
 // scalar loop (the same bits, slowly).
@@ -22,7 +22,7 @@ namespace mlxd {
 // only. One arithmetic for every shape: a token gives the same bits alone, in a decode
 // batch, or inside a prefill segment of any length, so a prompt computed in other pieces
 // (after a prefix-cache hit, or with its last token split off) gives the same logits.
-// (A prefill path through BLAS on dequantized tiles was ~1.5x faster here but differs
+// (A prefill path through BLAS on dequantized panels was ~1.5x faster here but differs
 // in the last bits from the decode path, which broke that equality.)
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,
@@ -49,16 +49,16 @@ mlx::core::array quantized_gather(
 std::string quantized_isa();
 
 // The panel height this CPU's loop reads (16, 8; 1: the scalar loop, no panels).
-int quantized_tile_rows();
+int quantized_panel_rows();
 
-// (w, scales, biases) of MLX's layout as panels of `tile_rows` rows (quantized_layout.h):
+// (w, scales, biases) of MLX's layout as panels of `panel_rows` rows (quantized_layout.h):
 // w as (N / R, R * K * bits / 32), scales and biases regrouped in their (N, groups) shape.
-std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> quantized_tile(
+std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> quantized_panels(
     const mlx::core::array& w,
     const mlx::core::array& scales,
     const mlx::core::array& biases,
     int group_size,
     int bits,
-    int tile_rows);
+    int panel_rows);
 
 }  // namespace mlxd

@@ -34,7 +34,7 @@ struct Activations {
   int64_t blocks, groups;
 };
 
-// Every output out[m, n] is, on every path and for any M or tile:
+// Every output out[m, n] is, on every path and for any M or panel:
 //   acc = 0; for each block j in order: acc = fma(float(dot_j), scale_w(n, j) * step(m, j), acc)
 //   bias = 0; for each group g in order: bias = fma(bias_w(n, g), sums(m, g), bias)
 //   out = acc + bias
@@ -188,10 +188,10 @@ RowsFn by_bits(int bits) {
 // loops read their own panel height only; everything else runs the scalar loop.
 RowsFn rows_for(Isa path, const Layout& L) {
 #if defined(__x86_64__)
-  if (L.tile_rows == 16 && path == Isa::avx512) return by_bits<zmm_path::Panels>(L.bits);
-  if (L.tile_rows == 8 && path == Isa::vnni) return by_bits<vnni_path::Panels>(L.bits);
+  if (L.panel_rows == 16 && path == Isa::avx512) return by_bits<zmm_path::Panels>(L.bits);
+  if (L.panel_rows == 8 && path == Isa::vnni) return by_bits<vnni_path::Panels>(L.bits);
   // (AVX-512 VNNI does not imply AVX-VNNI's VEX form: Zen 4 has the one, not the other)
-  if (L.tile_rows == 8 && path != Isa::scalar) return by_bits<ymm_path::Panels>(L.bits);
+  if (L.panel_rows == 8 && path != Isa::scalar) return by_bits<ymm_path::Panels>(L.bits);
 #endif
   return rows_scalar;
 }
@@ -207,7 +207,7 @@ const char* gemv_isa() {
   }
 }
 
-int gemv_tile_rows() {
+int gemv_panel_rows() {
   switch (isa()) {
     case Isa::avx512: return 16;
     case Isa::vnni:
@@ -216,18 +216,18 @@ int gemv_tile_rows() {
   }
 }
 
-void repack_panels(const Layout& plain, const uint8_t* w, const void* scales, const void* biases, int tile_rows,
+void repack_panels(const Layout& plain, const uint8_t* w, const void* scales, const void* biases, int panel_rows,
                    uint8_t* panel_w, void* panel_scales, void* panel_biases) {
   Layout P = plain;
-  P.tile_rows = tile_rows;
-  const int64_t R = tile_rows, blocks = plain.blocks(), vector_bytes = 4 * R;
+  P.panel_rows = panel_rows;
+  const int64_t R = panel_rows, blocks = plain.blocks(), vector_bytes = 4 * R;
   const int64_t scale_bytes = plain.half_scales ? 2 : 4;
-  parallel_for(plain.N / R, static_cast<double>(plain.N) * plain.K, [&](int64_t tile) {
+  parallel_for(plain.N / R, static_cast<double>(plain.N) * plain.K, [&](int64_t panel) {
     for (int64_t j = 0; j < blocks; ++j) {
-      uint8_t* run = const_cast<uint8_t*>(P.panel_block(panel_w, tile, j));
+      uint8_t* run = const_cast<uint8_t*>(P.panel_block(panel_w, panel, j));
       std::fill(run, run + plain.block_bytes() * R, 0);
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t n = tile * R + r;
+        const int64_t n = panel * R + r;
         for (int i = 0; i < kBlock; ++i) {
           const uint32_t v = plain.value(w, n, kBlock * j + i);
           const int p = i >> 1;
@@ -248,7 +248,7 @@ void repack_panels(const Layout& plain, const uint8_t* w, const void* scales, co
       }
     }
     for (int64_t r = 0; r < R; ++r) {
-      const int64_t n = tile * R + r;
+      const int64_t n = panel * R + r;
       for (int64_t g = 0; g < plain.row_groups; ++g) {
         std::memcpy(static_cast<char*>(panel_scales) + P.group_index(n, g) * scale_bytes,
                     static_cast<const char*>(scales) + plain.group_index(n, g) * scale_bytes, scale_bytes);
@@ -297,7 +297,7 @@ void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* bia
   // output is one (row, column) pair computed whole by one item, so the split never
   // changes a bit.
   const RowsFn rows = rows_for(path, L);
-  const int64_t unit = L.tile_rows;
+  const int64_t unit = L.panel_rows;
   const int64_t per_item = std::clamp<int64_t>(L.N / (8 * kernel_threads()), 1, 256);
   const int64_t rows_per_item = std::max<int64_t>(unit, per_item / unit * unit);
   const int64_t row_items = (L.N + rows_per_item - 1) / rows_per_item;

@@ -17,7 +17,7 @@ namespace mlxd {
 // int8 (Q8), xq is int16 (~15 bits), as close as fp16. Every output is accumulated in one
 // fixed order that depends on its own row of x only (whatever loop, panel or chunk
 // computes it; quantized_gemv.cpp states it): a row gives the same bits alone, in any
-// batch, and on every path. Weights in panels (Layout::tile_rows of this CPU's loop)
+// batch, and on every path. Weights in panels (Layout::panel_rows of this CPU's loop)
 // run the vector loops; MLX's plain layout runs the scalar loop.
 void gemv(const Layout& L, const uint8_t* w, const void* scales, const void* biases, const float* x, int64_t M,
           float* out);
@@ -27,11 +27,11 @@ const char* gemv_isa();
 
 // The panel height that loop reads (16 for AVX-512, 8 for AVX2; 1: no panels, the
 // scalar loop reads MLX's layout).
-int gemv_tile_rows();
+int gemv_panel_rows();
 
-// MLX's (N, K) layout `plain` as panels of `tile_rows` rows (N a multiple of it): the
+// MLX's (N, K) layout `plain` as panels of `panel_rows` rows (N a multiple of it): the
 // packed values into `panel_w` (as many bytes as w), scales and biases regrouped.
-void repack_panels(const Layout& plain, const uint8_t* w, const void* scales, const void* biases, int tile_rows,
+void repack_panels(const Layout& plain, const uint8_t* w, const void* scales, const void* biases, int panel_rows,
                    uint8_t* panel_w, void* panel_scales, void* panel_biases);
 
 }  // namespace mlxd

@@ -45,7 +45,7 @@ inline uint32_t mlx_value(const uint8_t* block, int i, int bits) {
   return (word >> (bit & 7)) & 0x1F;
 }
 
-// Panels (tile_rows R > 1, R = 16 for the AVX-512 loop, 8 for the AVX2 loops): the rows
+// Panels (panel_rows R > 1, R = 16 for the AVX-512 loop, 8 for the AVX2 loops): the rows
 // are taken R at a time and each 32-value block of those R rows is stored as one run of
 // 4 * bits * R bytes, so the kernel reads a panel as one sequential stream and cuts its
 // integers straight into the lanes it multiplies: operand p (0..15) of a block holds
@@ -62,7 +62,7 @@ struct Layout {
   int group_shift;     // log2(group size)
   int bits;
   bool half_scales;
-  int tile_rows = 1;   // 1: MLX's (N, K * bits / 32) matrix; else rows per panel
+  int panel_rows = 1;   // 1: MLX's (N, K * bits / 32) matrix; else rows per panel
 
   int64_t blocks() const {
     return K / 32;
@@ -73,15 +73,15 @@ struct Layout {
     return 4 * bits;
   }
 
-  // Where panel `tile`'s block j starts.
-  const uint8_t* panel_block(const uint8_t* w, int64_t tile, int64_t j) const {
-    return w + (tile * blocks() + j) * block_bytes() * tile_rows;
+  // Where panel `panel`'s block j starts.
+  const uint8_t* panel_block(const uint8_t* w, int64_t panel, int64_t j) const {
+    return w + (panel * blocks() + j) * block_bytes() * panel_rows;
   }
 
   // Index of (row n, group g) in the scales and biases arrays.
   int64_t group_index(int64_t n, int64_t g) const {
-    if (tile_rows == 1) return n * row_groups + g;
-    return ((n / tile_rows) * row_groups + g) * tile_rows + n % tile_rows;
+    if (panel_rows == 1) return n * row_groups + g;
+    return ((n / panel_rows) * row_groups + g) * panel_rows + n % panel_rows;
   }
 
   float scale_at(const void* p, int64_t index) const {
@@ -92,11 +92,11 @@ struct Layout {
   uint32_t value(const uint8_t* w, int64_t n, int64_t k) const {
     const int64_t j = k / 32;
     const int i = static_cast<int>(k % 32);
-    if (tile_rows == 1) return mlx_value(w + n * blocks() * block_bytes() + j * block_bytes(), i, bits);
-    const uint8_t* run = panel_block(w, n / tile_rows, j);
-    const int64_t word = 2 * (n % tile_rows) + (i & 1);
+    if (panel_rows == 1) return mlx_value(w + n * blocks() * block_bytes() + j * block_bytes(), i, bits);
+    const uint8_t* run = panel_block(w, n / panel_rows, j);
+    const int64_t word = 2 * (n % panel_rows) + (i & 1);
     const int p = i >> 1;
-    const int64_t vector_bytes = 4 * tile_rows;  // 2R words
+    const int64_t vector_bytes = 4 * panel_rows;  // 2R words
     auto word_of = [&](int vector) {
       uint16_t v;
       std::memcpy(&v, run + vector * vector_bytes + 2 * word, sizeof(v));

@@ -5,6 +5,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
+#include "cpu_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -29,19 +30,15 @@ void swiglu_range(const float* gate, const float* up, float* out, int64_t begin,
   }
 }
 
-class SwiGLU : public Primitive {
+class SwiGLU : public CpuPrimitive {
  public:
-  explicit SwiGLU(Stream stream) : Primitive(stream) {}
+  explicit SwiGLU(Stream stream) : CpuPrimitive(stream, "MlxdSwiGLU") {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
     const array& gate = inputs[0];
     const array& up = inputs[1];
     array& out = outputs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    encoder.set_input_array(gate);
-    encoder.set_input_array(up);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int64_t n = out.size();
     encoder.dispatch([g = gate.data<float>(), u = up.data<float>(), o = out.data<float>(), n]() {
       const int64_t items = (n + kChunk - 1) / kChunk;
@@ -52,17 +49,8 @@ class SwiGLU : public Primitive {
     });
   }
 
-  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
-    throw std::runtime_error("mlxd swiglu runs on the CPU stream only");
-  }
 
-  const char* name() const override {
-    return "MlxdSwiGLU";
-  }
 
-  bool is_equivalent(const Primitive&) const override {
-    return true;
-  }
 };
 
 }  // namespace
