@@ -4,8 +4,9 @@ Gets, lookups, probes, stats and snapshot lists are answered on the socket loop;
 flushes, clears, pins and unpins go, in arrival order, through a bounded queue to one
 writer thread, so the loop never waits on
 the disk. The writer's answers come back to the loop over an inproc socket. Supervised, it
-says Hello to the router on a control socket, gets its `KVStoreConfig`, opens the store,
-binds, sends `KVStoreReady`, and answers pings on the same loop, so a stuck loop is hung.
+says Hello to the router on a control socket (`protocol.child`), gets its `KVStoreConfig`,
+opens the store, binds, sends `KVStoreReady`, and answers pings on the same loop, so a
+stuck loop is hung.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,13 +24,13 @@ from kvstore.store import KVStore
 from kvstore.write_behind import REPLIES_ADDRESS, Put, Reply, WriteQueue, Writer
 from protocol import log_format
 from protocol.block_keys import KEY_BYTES
+from protocol.child import Lifecycle, ParentChannel, exit_code_without_config
 from protocol.codec import Buffer, decode, encode
 from protocol.errors import ProtocolError
 from protocol.locks import FileLock, LockHeld, try_lock
 from protocol.messages import (
     KVSTORE_ROLE,
     PROTOCOL_VERSION,
-    Hello,
     KVClear,
     KVFlush,
     KVGet,
@@ -49,32 +49,15 @@ from protocol.messages import (
     KVStoreConfig,
     KVStoreReady,
     Message,
-    Ping,
-    Pong,
-    Shutdown,
     StartupFailed,
 )
-from protocol.settings import SettingError
 from protocol.sockets import make_socket
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 200
-_HANDSHAKE_TIMEOUT_S = 60.0  # for the router's answer to Hello
 _LOCK_WAIT_S = 5.0  # how long a predecessor on the same root gets to finish exiting
 ROOT_LOCK = "kvstore.lock"  # in the root; held by the kvstore serving it
-
-
-class _Flags:
-    """Set by signal handlers only; the loop acts on them."""
-
-    stop_requested = False
-
-
-# ---------------------------------------------------------------- writer thread
-
-
-# ---------------------------------------------------------------- socket loop
 
 
 class _Server:
@@ -154,38 +137,13 @@ def _keys(keys: list[bytes]) -> list[bytes]:
     return [key if len(key) == KEY_BYTES else b"" for key in keys]
 
 
-class _Control:
-    """The supervised kvstore's DEALER socket to the router: handshake, pings, Shutdown.
-    Sends never block: if the router is gone, the parent-death check ends the process."""
-
-    def __init__(self, context: zmq.Context, address: str, identity: str) -> None:
-        self.socket = make_socket(context, zmq.DEALER, address, bind=False, identity=identity.encode())
-
-    def send(self, message: Message) -> None:
-        try:
-            self.socket.send_multipart(encode(message), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            log.warning("router not reachable; dropped %s", message.type)
-
-    def receive(self) -> Message | None:
-        try:
-            message, _ = decode(self.socket.recv_multipart())
-        except ProtocolError as exc:
-            log.error("ignoring a bad message from the router: %s", exc)
-            return None
-        return message
-
-    def close(self) -> None:
-        self.socket.close(linger=1000)  # a last StartupFailed still reaches the router
-
-
 def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
     """Standalone entry point of `python -m kvstore --bind ... --root ...`: serve `config`
     until SIGTERM or until `parent_pid` (default: the current parent) is gone."""
-    flags = _start_process()
+    lifecycle = _start_process(parent_pid)
     context = zmq.Context()
     try:
-        return _open_and_serve(config, parent_pid or os.getppid(), flags, context, None)
+        return _open_and_serve(config, lifecycle, context, None)
     finally:
         context.term()
 
@@ -193,85 +151,43 @@ def run_kvstore(config: KVStoreConfig, parent_pid: int | None = None) -> int:
 def run_supervised_kvstore(address: str, identity: str, parent_pid: int | None = None) -> int:
     """Supervised entry point of `python -m kvstore --connect ... --identity ...`: Hello,
     then serve the config the router answers with; returns the process exit code."""
-    flags = _start_process()
-    parent_pid = parent_pid or os.getppid()
+    lifecycle = _start_process(parent_pid)
     context = zmq.Context()
-    control = _Control(context, address, identity)
+    control = ParentChannel(address, identity, lifecycle, context=context)
     try:
-        config = _handshake(control, parent_pid, flags)
+        config = control.handshake(KVSTORE_ROLE, KVStoreConfig)
         if config is None:
-            return 2
-        return _open_and_serve(config, parent_pid, flags, context, control)
+            return exit_code_without_config(lifecycle)
+        return _open_and_serve(config, lifecycle, context, control)
     finally:
         control.close()
         context.term()
 
 
-def _start_process() -> _Flags:
+def _start_process(parent_pid: int | None) -> Lifecycle:
     log_format.configure_child_logging("kvstore")
     os.umask(0o077)  # the segments hold users' prompts
-    flags = _Flags()
     # Background work: writes are write-behind and reads are rare, so on a machine with
     # few cores the kvstore yields the CPU to the workers decoding tokens.
     with contextlib.suppress(OSError):
         os.nice(10)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        flags.stop_requested = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return flags
+    lifecycle = Lifecycle(parent_pid)
+    lifecycle.install_signal_handlers()
+    return lifecycle
 
 
-def _handshake(control: _Control, parent_pid: int, flags: _Flags) -> KVStoreConfig | None:
-    """Hello, then the router's `KVStoreConfig`; None (logged, and told the router) if it
-    does not come, is for another protocol version, or holds a setting out of range."""
-    control.send(Hello(protocol_version=PROTOCOL_VERSION, role=KVSTORE_ROLE, pid=os.getpid()))
-    deadline = time.monotonic() + _HANDSHAKE_TIMEOUT_S
-    while time.monotonic() < deadline and not flags.stop_requested:
-        if os.getppid() != parent_pid:
-            return None
-        if not control.socket.poll(_POLL_MS):
-            continue
-        message = control.receive()
-        if isinstance(message, KVStoreConfig):
-            return message if _usable(message, control) else None
-        if isinstance(message, Shutdown):
-            return None
-        if message is not None:
-            log.warning("ignoring %s before the configuration", message.type)
-    if not flags.stop_requested:
-        log.error("no configuration from the router within %.0f s", _HANDSHAKE_TIMEOUT_S)
-    return None
-
-
-def _usable(config: KVStoreConfig, control: _Control) -> bool:
-    if config.protocol_version != PROTOCOL_VERSION:
-        problem = (f"the router speaks protocol version {config.protocol_version}, the kvstore "
-                   f"{PROTOCOL_VERSION}: the installation is inconsistent, reinstall mlxd")
-    else:
-        try:
-            config.settings.check()
-            problem = ""
-        except SettingError as exc:
-            problem = f"bad setting {exc}"
-    if problem:
-        _startup_failed(control, problem)
-    return not problem
-
-
-def _startup_failed(control: _Control | None, problem: str) -> None:
-    log.error("%s", problem)
+def _startup_failed(control: ParentChannel | None, problem: str) -> None:
     if control is not None:
-        control.send(StartupFailed(problem))
+        control.startup_failed(problem)
+    else:
+        log.error("%s", problem)
 
 
-def _open_and_serve(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Context,
-                    control: _Control | None) -> int:
+def _open_and_serve(config: KVStoreConfig, lifecycle: Lifecycle, context: zmq.Context,
+                    control: ParentChannel | None) -> int:
     root = Path(config.root)
     try:
-        root_lock = _lock_root(root, flags)
+        root_lock = _lock_root(root, lifecycle)
     except OSError as exc:
         _startup_failed(control, f"cannot open the store at {root}: {exc} (check kvstore_root / --root)")
         return 2
@@ -280,10 +196,10 @@ def _open_and_serve(config: KVStoreConfig, parent_pid: int, flags: _Flags, conte
             control.send(StartupFailed(f"another kvstore is using {root} (give each service its own kvstore_dir)"))
         return 2
     with root_lock:
-        return _run(config, parent_pid, flags, context, control)
+        return _run(config, lifecycle, context, control)
 
 
-def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
+def _lock_root(root: Path, lifecycle: Lifecycle) -> FileLock | None:
     """Lock the store's directory for this process's life, or None if another kvstore
     keeps it: two processes appending to one index and its segments corrupt both.
 
@@ -297,7 +213,7 @@ def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
             return try_lock(root / ROOT_LOCK)
         except LockHeld as exc:
             holder = f"pid {exc.pid}" if exc.pid else "unknown pid"
-            if time.monotonic() > deadline or flags.stop_requested:
+            if time.monotonic() > deadline or lifecycle.stop_requested:
                 log.error("another kvstore (%s) is using %s; not starting a second one on it "
                           "(give each service its own kvstore_dir)", holder, root)
                 return None
@@ -307,8 +223,7 @@ def _lock_root(root: Path, flags: _Flags) -> FileLock | None:
             time.sleep(0.1)
 
 
-def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Context,
-         control: _Control | None) -> int:
+def _run(config: KVStoreConfig, lifecycle: Lifecycle, context: zmq.Context, control: ParentChannel | None) -> int:
     settings = config.settings
     try:
         store = KVStore(
@@ -335,7 +250,7 @@ def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Con
             opened = store.stats()
             control.send(KVStoreReady(PROTOCOL_VERSION, config.root, config.bind, opened["num_blocks"],
                                       opened["disk_bytes"]))
-        _serve(_Server(store, socket, queue), replies, writer, control, parent_pid, flags)
+        _serve(_Server(store, socket, queue), replies, writer, control, lifecycle)
         if writer.failed:
             code = 1
     except zmq.ZMQError as exc:
@@ -352,15 +267,15 @@ def _run(config: KVStoreConfig, parent_pid: int, flags: _Flags, context: zmq.Con
     return code
 
 
-def _serve(server: _Server, replies: zmq.Socket, writer: Writer, control: _Control | None, parent_pid: int,
-           flags: _Flags) -> None:
+def _serve(server: _Server, replies: zmq.Socket, writer: Writer, control: ParentChannel | None,
+           lifecycle: Lifecycle) -> None:
     poller = zmq.Poller()
     poller.register(server.socket, zmq.POLLIN)
     poller.register(replies, zmq.POLLIN)
     if control is not None:
         poller.register(control.socket, zmq.POLLIN)
-    while not flags.stop_requested:
-        if os.getppid() != parent_pid:
+    while not lifecycle.stop_requested:
+        if lifecycle.parent_gone():
             log.info("parent process is gone; shutting down")
             return
         if not writer.is_alive():
@@ -370,7 +285,7 @@ def _serve(server: _Server, replies: zmq.Socket, writer: Writer, control: _Contr
             if sock is replies:
                 server.socket.send_multipart(replies.recv_multipart(copy=False), copy=False)
             elif control is not None and sock is control.socket:
-                _obey(control, flags)
+                _obey(control)
             else:
                 try:
                     server.handle(server.socket.recv_multipart(copy=False))
@@ -379,12 +294,8 @@ def _serve(server: _Server, replies: zmq.Socket, writer: Writer, control: _Contr
     log.info("stop requested; flushing %d pending writes", len(server.queue))
 
 
-def _obey(control: _Control, flags: _Flags) -> None:
+def _obey(control: ParentChannel) -> None:
     """A message from the router: answered on this loop, so a stuck loop misses its pings."""
-    message = control.receive()
-    if isinstance(message, Ping):
-        control.send(Pong(message.nonce, message.sent_at))
-    elif isinstance(message, Shutdown):
-        flags.stop_requested = True
-    elif message is not None:
+    message = control.receive(0)
+    if message is not None and not control.lifecycle.obey(message, control.send):
         log.warning("ignoring unexpected %s from the router", message.type)

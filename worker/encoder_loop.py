@@ -3,14 +3,13 @@ arrival (a bad input fails its own request, nothing else), gathered for a short 
 so that several clients' inputs share a forward pass, run in length-bucketed batches,
 answers out.
 
-It speaks the chat worker's handshake and health messages (Ping, Shutdown) over the same
-channel; `worker.main` hands it the channel once the model kind says it is an encoder.
+`worker.main` does the handshake (`protocol.child`) and hands it the channel once the model
+kind says it is an encoder; Ping and Shutdown are obeyed here as in every child.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from protocol.child import Lifecycle
 from protocol.errors import RequestError
 from protocol.messages import (
     PROTOCOL_VERSION,
@@ -26,12 +26,10 @@ from protocol.messages import (
     EmbedRequest,
     ErrorEvent,
     Message,
-    Ping,
     Pong,
     Ready,
     RerankEvent,
     RerankRequest,
-    Shutdown,
     StartupFailed,
     WorkerConfig,
 )
@@ -44,19 +42,12 @@ log = logging.getLogger("worker")
 MAX_BATCH_ROWS = 32  # rows per forward pass
 MAX_BATCH_TOKENS = 16384  # rows x padded length per forward pass: bounds its activations
 _IDLE_POLL_MS = 50
-_DRAIN_S = 5.0
 
 
 class Channel(Protocol):
     def send(self, message: Message) -> None: ...
 
     def receive(self, timeout_ms: int) -> Message | None: ...
-
-
-class Flags(Protocol):
-    stop_requested: bool
-    drain_deadline: float | None
-    orphaned: bool
 
 
 @dataclass
@@ -203,7 +194,7 @@ class EncoderWorker:
         return RerankEvent(message.request_id, [float(s) for s in documents @ query / norms], num_tokens, "cosine")
 
 
-def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, parent_pid: int, flags: Flags) -> int:
+def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, lifecycle: Lifecycle) -> int:
     """Load the encoder, send Ready, run the loop until told to stop or orphaned."""
     try:
         encoder = TextEncoder(config.model_path, config.kind)
@@ -224,13 +215,10 @@ def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, parent_pid:
     worker = EncoderWorker(encoder, config.model_id, channel.send)
     window_s = config.settings.batch_window_ms / 1000
     while True:
-        if os.getppid() != parent_pid:
+        if lifecycle.parent_gone():
             log.warning("router went away; exiting")
-            flags.orphaned = True
             return 0
-        if flags.stop_requested:
-            if flags.drain_deadline is None:
-                flags.drain_deadline = time.monotonic() + _DRAIN_S
+        if lifecycle.stop_requested:
             worker.step()  # what arrived is answered: an encoder step is short
             log.info("shut down cleanly")
             return 0
@@ -238,7 +226,7 @@ def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, parent_pid:
         if oldest is None:
             message = channel.receive(_IDLE_POLL_MS)
             if message is not None:
-                _handle(message, worker, flags)
+                _handle(message, worker, lifecycle)
             continue
         # gather: other clients' inputs of the same burst arrive within a few ms of each
         # other; a gap of a quarter window with nothing new ends the wait early, so a lone
@@ -248,21 +236,16 @@ def serve_encoder(channel: Channel, config: WorkerConfig, blas: str, parent_pid:
             message = channel.receive(max(1, int(min(left_s, window_s / 4) * 1000)))
             if message is None:
                 break
-            _handle(message, worker, flags)
+            _handle(message, worker, lifecycle)
             while (message := channel.receive(0)) is not None:
-                _handle(message, worker, flags)
+                _handle(message, worker, lifecycle)
         worker.step()
 
 
-def _handle(message: Message, worker: EncoderWorker, flags: Flags) -> None:
+def _handle(message: Message, worker: EncoderWorker, lifecycle: Lifecycle) -> None:
     if isinstance(message, (EmbedRequest, RerankRequest)):
         worker.add(message)
     elif isinstance(message, AbortRequest):
         worker.abort(message.request_id)
-    elif isinstance(message, Ping):
-        worker.send(Pong(message.nonce, message.sent_at, len(worker.pending), 0, {}))
-    elif isinstance(message, Shutdown):
-        flags.stop_requested = True
-        flags.drain_deadline = time.monotonic() + message.drain_s
-    else:
+    elif not lifecycle.obey(message, worker.send, lambda ping: Pong(ping.nonce, ping.sent_at, len(worker.pending))):
         log.warning("unexpected %s message; ignored", message.type)

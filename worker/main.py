@@ -6,42 +6,34 @@ when the router goes away, and on SIGTERM drains in-flight requests to a deadlin
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import zmq
-
 from protocol import log_format
-from protocol.codec import decode, encode
-from protocol.errors import ProtocolError, RequestError
+from protocol.child import Lifecycle, exit_code_without_config
+from protocol.errors import RequestError
 from protocol.messages import (
     PROTOCOL_VERSION,
+    WORKER_ROLE,
     AbortRequest,
     AddRequest,
     CacheCleared,
     ClearCache,
     CountTokens,
-    EventBatch,
-    Hello,
     Message,
-    Ping,
     PinPrefix,
     Pong,
     PrefixPinned,
     ProbeCache,
     Ready,
-    Shutdown,
     StartupFailed,
     WorkerConfig,
 )
 from protocol.settings import layout_in_effect
-from protocol.sockets import make_socket
 from worker.prompts import tools_go_first
+from worker.router_channel import RouterChannel
 from worker.tool_prompt import detect_tool_dialect, template_source
 
 if TYPE_CHECKING:
@@ -51,10 +43,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("worker")
 
-_HANDSHAKE_TIMEOUT_S = 60.0
 _IDLE_POLL_MS = 50
 _PREPARING_POLL_MS = 1  # idle but a prompt is being tokenized: admit it the moment it is ready
 _GATHER_CAP_WINDOWS = 10  # a burst delays its prefill by at most this many windows
+_SIGNAL_DRAIN_S = 5.0  # in-flight work gets this long after a SIGTERM (a Shutdown says its own)
 
 
 def _shutting_down() -> RequestError:
@@ -63,118 +55,28 @@ def _shutting_down() -> RequestError:
                         error_type="server_error", code="worker_unavailable")
 
 
-class _Flags:
-    """Set by signal handlers only; the loop acts on them."""
-
-    stop_requested = False
-    drain_deadline: float | None = None
-    orphaned = False  # the router is gone: exit at once, nobody waits on our work
-
-
-class _Channel:
-    """The DEALER socket to the router, with non-blocking sends.
-
-    A send never blocks the engine: if the router is gone the message is dropped and the
-    parent-death check ends the process soon after.
-    """
-
-    def __init__(self, address: str, identity: str) -> None:
-        self.context = zmq.Context()
-        self.socket = make_socket(
-            self.context, zmq.DEALER, address, bind=False, identity=identity.encode()
-        )
-        self._held: list[Message] | None = None
-
-    def send(self, message: Message) -> None:
-        if self._held is not None:
-            self._held.append(message)
-            return
-        try:
-            self.socket.send_multipart(encode(message), flags=zmq.NOBLOCK, copy=False)
-        except zmq.Again:
-            log.warning("router not reachable; dropped %s", message.type)
-
-    @contextlib.contextmanager
-    def batched(self) -> Iterator[None]:
-        """Hold what is sent inside the block and send it as one `EventBatch` at its end."""
-        self._held = []
-        try:
-            yield
-        finally:
-            self.flush()
-            self._held = None
-
-    def flush(self) -> None:
-        """Inside `batched`: send what is held now, as one message, and go on holding."""
-        held = self._held
-        if not held:
-            return
-        self._held = None  # so that send() sends
-        self.send(held[0] if len(held) == 1 else EventBatch(held))
-        self._held = []
-
-    def receive(self, timeout_ms: int) -> Message | None:
-        if not self.socket.poll(timeout_ms):
-            return None
-        try:
-            message, _ = decode(self.socket.recv_multipart(copy=True))
-        except ProtocolError as exc:
-            log.error("ignoring bad message from router: %s", exc)
-            return None
-        return message
-
-    def close(self) -> None:
-        self.socket.close(linger=200)
-        self.context.term()
-
-
-def _handshake(channel: _Channel, parent_pid: int) -> WorkerConfig | None:
-    channel.send(Hello(protocol_version=PROTOCOL_VERSION, role="worker", pid=os.getpid()))
-    deadline = time.monotonic() + _HANDSHAKE_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if os.getppid() != parent_pid:
-            return None
-        message = channel.receive(200)
-        if isinstance(message, WorkerConfig):
-            return message
-    log.error("no configuration from the router within %.0fs", _HANDSHAKE_TIMEOUT_S)
-    return None
-
-
 def run_worker(address: str, identity: str, blas: str) -> int:
     """Entry point of `python -m worker`; returns the process exit code."""
     log_format.configure_child_logging(f"worker[{identity}]")
     os.umask(0o077)  # whatever it writes may quote prompts: private, like the router's files
-    parent_pid = os.getppid()
-    flags = _Flags()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        flags.stop_requested = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
-    channel = _Channel(address, identity)
+    lifecycle = Lifecycle()
+    lifecycle.install_signal_handlers()
+    # a short linger: an orphaned worker must not wait on a router that is gone
+    channel = RouterChannel(address, identity, lifecycle, linger_ms=200)
     try:
-        config = _handshake(channel, parent_pid)
+        config = channel.handshake(WORKER_ROLE, WorkerConfig)
         if config is None:
-            return 2
-        if config.protocol_version != PROTOCOL_VERSION:
-            channel.send(StartupFailed(
-                f"protocol version mismatch: router {config.protocol_version}, "
-                f"worker {PROTOCOL_VERSION}; reinstall mlxd"
-            ))
-            return 2
-        return _serve(channel, config, blas, parent_pid, flags)
+            return exit_code_without_config(lifecycle)
+        return _serve(channel, config, blas, lifecycle)
     finally:
         channel.close()
 
 
-def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, flags: _Flags) -> int:
+def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: Lifecycle) -> int:
     if config.kind != "chat":  # an embedding model or a reranker: a loop of its own
         from worker.encoder_loop import serve_encoder
 
-        return serve_encoder(channel, config, blas, parent_pid, flags)
+        return serve_encoder(channel, config, blas, lifecycle)
     settings = config.settings
     # Imported here so the BLAS binding in __main__ happens before MLX loads.
     from worker.engine import Engine
@@ -244,10 +146,10 @@ def _serve(channel: _Channel, config: WorkerConfig, blas: str, parent_pid: int, 
     ))
     preparer = PromptPreparer(engine.prepare, count=engine.count_tokens)
     try:
-        return _loop(channel, engine, preparer, parent_pid, flags, settings.batch_window_ms)
+        return _loop(channel, engine, preparer, lifecycle, settings.batch_window_ms)
     finally:
         preparer.close()
-        if cold is not None and flags.orphaned:
+        if cold is not None and lifecycle.orphaned:
             # the router's kvstore is exiting too: a flush would wait for an answer
             # that never comes, and keep this process alive meanwhile
             log.info("dropping %d pending SSD writes", cold.queue_depth())
@@ -277,7 +179,7 @@ def _pin_snapshots(prefix_cache: PrefixCache) -> None:
                  ", ".join(s["name"] for s in snapshots))
 
 
-def _pin_prefix(message: PinPrefix, channel: _Channel, engine: Engine, preparer: PromptPreparer) -> None:
+def _pin_prefix(message: PinPrefix, channel: RouterChannel, engine: Engine, preparer: PromptPreparer) -> None:
     """Pin (or unpin) a snapshot's blocks in the hot tier now, between steps; with
     `store`, the writes to SSD and the wait for the kvstore's fsync go to the tokenizer
     thread, and its answer comes from there."""
@@ -299,7 +201,7 @@ def _pin_prefix(message: PinPrefix, channel: _Channel, engine: Engine, preparer:
     preparer.submit_answer(message.request_id, store, "write this snapshot's blocks to SSD")
 
 
-def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags,
+def _receive_requests(channel: RouterChannel, engine: Engine, preparer: PromptPreparer, lifecycle: Lifecycle,
                       window_ms: int) -> None:
     """Act on every message waiting, blocking only when idle, and admit the requests whose
     prompts the tokenizer thread has finished.
@@ -315,12 +217,12 @@ def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPrepare
         timeout = _PREPARING_POLL_MS if preparer.num_pending or preparer.num_counting else _IDLE_POLL_MS
     while (message := channel.receive(timeout)) is not None:
         timeout = 0
-        _handle(message, channel, engine, preparer, flags)
+        _handle(message, channel, engine, preparer, lifecycle)
     _admit_prepared(engine, preparer)
     for answer in preparer.take_counted():  # counts go out between steps, never queued behind them
         channel.send(answer)
     give_up_at = time.monotonic() + _GATHER_CAP_WINDOWS * window_ms / 1000
-    while window_ms > 0 and _gathering(engine, preparer) and not flags.stop_requested:
+    while window_ms > 0 and _gathering(engine, preparer) and not lifecycle.stop_requested:
         left_s = give_up_at - time.monotonic()
         if left_s <= 0:
             return
@@ -333,7 +235,7 @@ def _receive_requests(channel: _Channel, engine: Engine, preparer: PromptPrepare
         message = channel.receive(min(window_ms, int(left_s * 1000)))
         if message is None:
             return  # a whole window of quiet: the burst is in
-        _handle(message, channel, engine, preparer, flags)
+        _handle(message, channel, engine, preparer, lifecycle)
 
 
 def _gathering(engine: Engine, preparer: PromptPreparer) -> bool:
@@ -349,10 +251,11 @@ def _admit_prepared(engine: Engine, preparer: PromptPreparer) -> None:
             engine.add(prepared.request, prepared.prompt, prepared.arrived)
 
 
-def _handle(message: Message, channel: _Channel, engine: Engine, preparer: PromptPreparer, flags: _Flags) -> None:
+def _handle(message: Message, channel: RouterChannel, engine: Engine, preparer: PromptPreparer,
+            lifecycle: Lifecycle) -> None:
     if isinstance(message, AddRequest):
         log.debug("request %s received (%d waiting to be tokenized)", message.request_id, preparer.num_pending)
-        if flags.drain_deadline is not None:
+        if lifecycle.drain_deadline is not None:
             engine.reject(message.request_id, _shutting_down())
             return
         try:
@@ -373,36 +276,31 @@ def _handle(message: Message, channel: _Channel, engine: Engine, preparer: Promp
             engine.abort(message.request_id)
     elif isinstance(message, ClearCache):  # between steps: no sequence is mid-forward
         channel.send(CacheCleared(message.request_id, *engine.prefix_cache.clear()))
-    elif isinstance(message, Ping):
-        channel.send(Pong(message.nonce, message.sent_at, engine.num_active, preparer.num_pending, engine.stats()))
-    elif isinstance(message, Shutdown):
-        flags.stop_requested = True
-        flags.drain_deadline = time.monotonic() + message.drain_s
-    else:
+    elif not lifecycle.obey(message, channel.send, lambda ping: Pong(
+            ping.nonce, ping.sent_at, engine.num_active, preparer.num_pending, engine.stats())):
         log.warning("unexpected %s message; ignored", message.type)
 
 
-def _loop(channel: _Channel, engine: Engine, preparer: PromptPreparer, parent_pid: int, flags: _Flags,
+def _loop(channel: RouterChannel, engine: Engine, preparer: PromptPreparer, lifecycle: Lifecycle,
           batch_window_ms: int) -> int:
     """Requests in, steps, events out, until told to stop or orphaned."""
     busy = False
     while True:
-        if os.getppid() != parent_pid:
+        if lifecycle.parent_gone():
             log.warning("router went away; exiting")
-            flags.orphaned = True
             return 0
-        if flags.stop_requested and flags.drain_deadline is None:
-            flags.drain_deadline = time.monotonic() + 5.0
-        if flags.drain_deadline is not None:
+        if lifecycle.stop_requested and lifecycle.drain_deadline is None:
+            lifecycle.drain_deadline = time.monotonic() + _SIGNAL_DRAIN_S
+        if lifecycle.drain_deadline is not None:
             if not engine.has_work() and not preparer.num_pending and not preparer.num_counting:
                 log.info("shut down cleanly")
                 return 0
-            if time.monotonic() > flags.drain_deadline:
+            if time.monotonic() > lifecycle.drain_deadline:
                 for request in preparer.take_all():
                     engine.reject(request.request_id, _shutting_down())
                 engine.abort_all(_shutting_down())
                 return 0
-        _receive_requests(channel, engine, preparer, flags, batch_window_ms)
+        _receive_requests(channel, engine, preparer, lifecycle, batch_window_ms)
         if engine.has_work():
             with channel.batched():  # one message per step, however many streams
                 engine.step()

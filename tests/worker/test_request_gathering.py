@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from protocol.child import Lifecycle
 from protocol.messages import AbortRequest, AddRequest, Message, SamplingParams
 from worker import main
 from worker.prompt_preparer import PreparedPrompt, PromptPreparer
@@ -97,7 +98,7 @@ def burst(clock: Clock, gaps_ms: list[float]) -> list[tuple[float, Message]]:
 def test_a_burst_is_gathered_into_one_step(clock: Clock) -> None:
     channel = ScriptedChannel(clock, burst(clock, [3, 4, 9, 2]))
     engine = StandInEngine()
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=10)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=10)
     assert engine.added == ["r0", "r1", "r2", "r3", "r4"]
     # it stopped after one window of quiet, not later
     assert clock.now == pytest.approx(1000.0 + 0.018 + 0.010)
@@ -106,7 +107,7 @@ def test_a_burst_is_gathered_into_one_step(clock: Clock) -> None:
 def test_a_request_after_a_quiet_window_waits_for_the_next_step(clock: Clock) -> None:
     channel = ScriptedChannel(clock, burst(clock, [5, 25]))
     engine = StandInEngine()
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=10)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=10)
     assert engine.added == ["r0", "r1"]
     assert len(channel.arrivals) == 1
 
@@ -115,7 +116,7 @@ def test_gathering_is_capped_at_ten_windows(clock: Clock) -> None:
     channel = ScriptedChannel(clock, burst(clock, [9] * 30))
     engine = StandInEngine(max_num_seqs=100)
     start = clock.now
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=10)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=10)
     assert clock.now - start <= 0.100 + 1e-9
     assert 10 <= len(engine.added) <= 12
 
@@ -124,7 +125,7 @@ def test_no_waiting_while_anything_runs(clock: Clock) -> None:
     """A running stream must not stall for a request that has not arrived yet."""
     channel = ScriptedChannel(clock, burst(clock, [1]))
     engine = StandInEngine(running=True)
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=10)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=10)
     assert engine.added == ["r0"]
     assert max(channel.waits_ms) == 0
 
@@ -132,14 +133,14 @@ def test_no_waiting_while_anything_runs(clock: Clock) -> None:
 def test_no_waiting_once_the_batch_is_full(clock: Clock) -> None:
     channel = ScriptedChannel(clock, burst(clock, [1, 1, 1]))
     engine = StandInEngine(max_num_seqs=2)
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=10)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=10)
     assert engine.added == ["r0", "r1"]
 
 
 def test_window_zero_never_waits(clock: Clock) -> None:
     channel = ScriptedChannel(clock, burst(clock, [1]))
     engine = StandInEngine()
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=0)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=0)
     assert engine.added == ["r0"]
 
 
@@ -148,7 +149,7 @@ def test_an_abort_during_the_window_is_acted_on(clock: Clock) -> None:
     arrivals.append((clock.now + 0.004, AbortRequest(request_id="r0")))
     channel = ScriptedChannel(clock, arrivals)
     engine = StandInEngine()
-    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), main._Flags(), window_ms=10)
+    main._receive_requests(channel, engine, PromptPreparer(lambda r: PreparedPrompt([1]), threaded=False), Lifecycle(), window_ms=10)
     assert engine.added == ["r1"]
 
 
@@ -165,7 +166,7 @@ def test_a_burst_whose_prompts_take_time_to_tokenize_is_still_gathered(clock: Cl
     engine = StandInEngine()
     preparer = PromptPreparer(slow)
     try:
-        main._receive_requests(channel, engine, preparer, main._Flags(), window_ms=10)
+        main._receive_requests(channel, engine, preparer, Lifecycle(), window_ms=10)
     finally:
         preparer.close()
     assert engine.added == ["r0", "r1", "r2"]
