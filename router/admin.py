@@ -72,8 +72,8 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
                        if ttl and loaded and last_used and model_id not in pool.pinned else None),
         "last_used": last_used,
         "pid": pid,
-        "rss_bytes": pool.rss_bytes(supervisor) if supervisor else 0,
-        "estimated_bytes": pool.need_bytes(entry),
+        "rss_bytes": supervisor.rss_bytes() if supervisor else 0,
+        "estimated_bytes": pool.memory.need_bytes(entry),
         "requests_in_flight": pool.in_flight(model_id),
         "restarts": supervisor.num_restarts if supervisor else 0,
         "recent_prompt_tok_s": _rate([e.timings.prompt_tokens_per_s for e in recent]),
@@ -138,7 +138,7 @@ async def status(request: Request) -> Response:
         "memory": {
             "total_bytes": memory.total,
             "available_bytes": memory.available,
-            "budget_bytes": pool.budget_bytes,
+            "budget_bytes": pool.memory.budget_bytes,
             "used_bytes": pool.used_bytes(),
             "workers": {m["id"]: m["rss_bytes"] for m in models if m["pid"] is not None},
         },
@@ -175,14 +175,14 @@ async def unload_model(request: Request) -> Response:
 async def pin_model(request: Request) -> Response:
     pool = _pool(request)
     model_id, _ = pool.resolve(request.path_params["model_id"])
-    pool.pin(model_id)
+    pool.names.pin(model_id)
     return JSONResponse({"model": model_id, "pinned": True})
 
 
 async def unpin_model(request: Request) -> Response:
     pool = _pool(request)
     model_id, _ = pool.resolve(request.path_params["model_id"])
-    pool.unpin(model_id)
+    pool.names.unpin(model_id)
     return JSONResponse({"model": model_id, "pinned": False})
 
 

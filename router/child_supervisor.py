@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import psutil
+
 from protocol.errors import WorkerDead
 from protocol.messages import (
     PROTOCOL_VERSION,
@@ -130,6 +132,17 @@ class ChildSupervisor:
     def pid(self) -> int | None:
         """The running child's pid, None while there is none."""
         return self.child.live_pid if self.child is not None else None
+
+    def rss_bytes(self) -> int:
+        """The running child's resident memory (0 while there is none): what the memory
+        budget charges a model that grew past its estimate."""
+        pid = self.pid
+        if pid is None:
+            return 0
+        try:
+            return psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            return 0
 
     def seconds_since_heard(self) -> float | None:
         """Seconds since the ready child last sent anything (None: none is ready)."""

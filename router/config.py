@@ -10,9 +10,7 @@ model's engine), exist in the config file only.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
-import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,19 +20,19 @@ from typing import Any
 import psutil
 
 from protocol.settings import KVStoreSettings, SettingError, WorkerSettings
+from router import config_checks
 from router.config_values import (
     ConfigError,
     FrozenMap,
     normalize_fields,
     parse_bool,
-    quote_key,
     setting,
     type_hints,
     unknown_key_message,
 )
 from router.model_aliases import DEFAULT_MODEL_ALIASES, DEFAULT_TARGET
 from router.model_settings import ModelSettings
-from router.profiles import Profile, check_model_name, check_profile, split_model_name
+from router.profiles import Profile
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 TABLES = ("models", "profiles")  # settings that are TOML tables, so they exist in the config file only
@@ -298,114 +296,20 @@ def auto_memory_budget(total_bytes: int) -> int:
     return max(total_bytes - MEMORY_RESERVE_BYTES, MIN_MEMORY_BUDGET_BYTES)
 
 
-def is_loopback(host: str) -> bool:
-    """True if binding `host` keeps the service reachable from this machine only."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a hostname: it may resolve to anything
-        return False
-
-
 def _check(config: RouterConfig) -> None:
+    """Raise ConfigError naming the first bad value: each child's section checks itself,
+    `router.config_checks` holds the router's own rules."""
     for section in SECTIONS:
         try:
             getattr(config, section).check()
         except SettingError as exc:
             raise ConfigError(exc.key, exc.message) from None
-    positive = ("sse_keepalive_s", "max_body_bytes", "max_messages", "stream_send_timeout_s", "heartbeat_s", "ping_timeout_s", "load_timeout_s",
-                "restart_backoff_s", "restart_backoff_max_s", "max_start_failures")
-    for key in positive:
-        if not getattr(config, key) > 0:
-            raise ConfigError(key, f"must be > 0, got {getattr(config, key)!r}")
-    if config.log_backups < 1:
-        raise ConfigError("log_backups", f"must be >= 1, got {config.log_backups}")
-    for key in ("hot_tier_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s",
-                "log_max_bytes"):
-        if getattr(config, key) < 0:
-            raise ConfigError(key, f"must be >= 0, got {getattr(config, key)!r}")
-    if not 0 < config.port < 65536:
-        raise ConfigError("port", f"must be between 1 and 65535, got {config.port}")
-    if config.ping_timeout_s <= config.heartbeat_s:
-        raise ConfigError("ping_timeout_s", f"must exceed heartbeat_s ({config.heartbeat_s}), got {config.ping_timeout_s}")
-    if config.kvstore_ping_timeout_s <= config.heartbeat_s:
-        raise ConfigError("kvstore_ping_timeout_s",
-                          f"must exceed heartbeat_s ({config.heartbeat_s}), got {config.kvstore_ping_timeout_s}")
-    for f in dataclasses.fields(config):
-        choices = f.metadata.get("choices")
-        if choices and getattr(config, f.name) not in choices:
-            raise ConfigError(f.name, f"must be one of {', '.join(choices)}, got {getattr(config, f.name)!r}")
-    for key in ("api_key", "admin_key"):
-        if getattr(config, key) is not None and not getattr(config, key).strip():
-            raise ConfigError(key, "must not be empty")
-    for name, secret in config.api_keys.items():
-        if not name.strip() or not secret.strip():
-            raise ConfigError(f"api_keys.{quote_key(name)}", "neither a key's name nor the key may be empty")
-    if not is_loopback(config.host) and not config.has_keys:
-        raise ConfigError(
-            "api_key",
-            f"binding {config.host!r} exposes the models to the network; set an API key "
-            "(--api-key, --api-key-file or --admin-key) or bind 127.0.0.1",
-        )
-    for name in config.pin:
-        check_model_name("pin", name)
-    _check_web(config)
-    _check_models(config)
-    for name, profile in config.profiles.items():
-        check_profile(name, profile)
-    _check_model_aliases(config)
-
-
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#@\s]+", re.IGNORECASE)
-
-
-def _check_web(config: RouterConfig) -> None:
-    """Hosts are bare names and origins are what browsers send (no path, no trailing slash):
-    anything else would never match a request, and the user would not learn why."""
-    for name in config.allowed_hosts:
-        if not name or any(char in name for char in "/@ \t") or name.count(":") == 1:
-            raise ConfigError("allowed_hosts", f"{name!r} is not a host name: give the name alone, "
-                              "without scheme, port or path (e.g. mybox.local)")
-    for origin in config.cors_origins:
-        if origin != "*" and not _ORIGIN.fullmatch(origin):
-            raise ConfigError("cors_origins", f"{origin!r} is not an origin: write scheme://host[:port] "
-                              "with no path or trailing slash (e.g. http://localhost:3000)")
-
-
-def _check_models(config: RouterConfig) -> None:
-    owner = {name: name for name in config.models}  # every name clients may use -> the model it means
-    for name, settings in config.models.items():
-        where = f"models.{quote_key(name)}"
-        check_model_name(where, name)
-        if settings.ttl_s is not None and settings.ttl_s < 0:
-            raise ConfigError(f"{where}.ttl_s", f"must be >= 0, got {settings.ttl_s!r}")
-        cap = config.kvstore.max_disk_bytes
-        if settings.max_disk_bytes is not None and not 0 < settings.max_disk_bytes <= cap:
-            raise ConfigError(f"{where}.max_disk_bytes", f"must be > 0 and <= max_disk_bytes "
-                              f"({cap}), got {settings.max_disk_bytes}")
-        if settings.max_output_tokens is not None and settings.max_output_tokens < 1:
-            raise ConfigError(f"{where}.max_output_tokens", f"must be >= 1, got {settings.max_output_tokens}")
-        for alias in settings.aliases:
-            check_model_name(f"{where}.aliases", alias)
-            if owner.setdefault(alias, name) != name:
-                raise ConfigError(f"{where}.aliases", f"{alias!r} already names model {owner[alias]!r}")
-
-
-def _check_model_aliases(config: RouterConfig) -> None:
-    """A target is a model name or a configured profile; whether that model exists is only
-    known once the model directory is read, so the pool checks it at start."""
-    for pattern, target in config.model_aliases.items():
-        where = f"model_aliases.{quote_key(pattern)}"
-        if not pattern.strip():
-            raise ConfigError("model_aliases", "a pattern must not be empty")
-        if target == DEFAULT_TARGET:
-            continue
-        model, profile = split_model_name(target)
-        check_model_name(where, model)
-        if profile is not None and target not in config.profiles:
-            raise ConfigError(where, f"{target!r} names no profile; define [profiles.{quote_key(target)}] "
-                              f"or give a model name")
+    fields = dataclasses.fields(config)
+    config_checks.check_values(fields, {f.name: getattr(config, f.name) for f in fields})
+    config_checks.check_keys(config.host, config.api_key, config.admin_key, config.api_keys, config.has_keys)
+    config_checks.check_web(config.allowed_hosts, config.cors_origins)
+    config_checks.check_models(config.pin, config.models, config.kvstore.max_disk_bytes)
+    config_checks.check_profiles(config.profiles, config.model_aliases)
 
 
 def setting_fields() -> dict[str, dataclasses.Field]:

@@ -62,7 +62,7 @@ class PoolCollector(Collector):
         yield GaugeMetricFamily("mlxd_start_time_seconds", "when the router started (unix time)",
                                 value=pool.started_at)
         yield GaugeMetricFamily("mlxd_memory_budget_bytes", "the memory budget models are loaded under",
-                                value=pool.budget_bytes)
+                                value=pool.memory.budget_bytes)
         yield GaugeMetricFamily("mlxd_memory_used_bytes",
                                 "memory charged to loaded models (per model the larger of its estimate and its RSS)",
                                 value=pool.used_bytes())

@@ -11,6 +11,7 @@ import json
 import logging
 import struct
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,19 @@ def discover(models_dir: Path, dequantize_all: bool = False) -> dict[str, ModelE
             # blocks widen to 8) or dequantized
             factor = 4 if dequantize_all else 2
             found[gguf.stem] = ModelEntry(gguf.stem, gguf, "chat", gguf.stat().st_size * factor)
+    return found
+
+
+def servable(models_dir: Path, given: Mapping[str, Path], embedding_model: str,
+             dequantize_all: bool = False) -> dict[str, ModelEntry]:
+    """Every model a service can serve: those in `models_dir`, those `given` on the command
+    line (which win a name both have), and `embedding_model`, listed before it is fetched
+    (on its first load) unless it is there already."""
+    found = discover(models_dir, dequantize_all)
+    for model_id, path in given.items():
+        found[model_id] = entry_for(model_id, path, dequantize_all)
+    if embedding_model and embedding_model not in found:
+        found[embedding_model] = provisioned_entry(embedding_model, models_dir, "embedding")
     return found
 
 

@@ -1,9 +1,8 @@
-"""Which models are loaded: lazy loading on first request, LRU eviction under the memory
+"""Which models are loaded: lazy loading on first request, eviction under the memory
 budget, pins, idle TTLs, and the kvstore all workers share.
 
-Memory is accounted per loaded model as the larger of its estimate (weights served +
-hot-cache budget + runtime overhead) and its worker's measured RSS, so a model that grew
-past its estimate is charged what it really uses.
+The pool runs the lifecycle (load, unload, acquire, drain, stop); what a name means is
+`router.model_names`' answer, and which model makes room is `router.memory_budget`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import FinishEvent
 from protocol.locks import FileLock
@@ -27,10 +24,11 @@ from router.config import RouterConfig
 from router.kvstore_supervisor import KVStoreSupervisor
 from router.metrics import HISTORY_INTERVAL_S, Metrics
 from router.model_files import ModelNotFound, convert_once, provision
-from router.model_aliases import DEFAULT_TARGET, AliasLog, match_alias
+from router.memory_budget import AllBusy, LoadedModel, MemoryBudget, insufficient_memory
+from router.model_names import ModelNames
+from router.model_registry import ModelEntry
 from router.model_waits import ModelWaits
-from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
-from router.profiles import Profile, split_model_name
+from router.profiles import Profile
 from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerSupervisor
 from router.worker_client import RequestStream, WorkerClient
 
@@ -39,10 +37,6 @@ logger = logging.getLogger(__name__)
 EVICT_WAIT_S = 60.0  # how long a load waits for busy models to become evictable
 _TTL_CHECK_S = 1.0
 _RECENT = 20  # finished requests kept per model for recent tok/s
-
-
-def _article(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
 
 
 class WorkerPool:
@@ -61,17 +55,9 @@ class WorkerPool:
         self.created = int(time.time())
         self.started_at = time.time()
         self.dequantize_all = config.worker.dtype != "auto"  # else quantized layers stay as stored
-        self.registry: dict[str, ModelEntry] = model_registry.discover(config.models_dir, self.dequantize_all)
-        for model_id, path in models.items():  # given on the command line: served first
-            self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
-        if config.embedding_model and config.embedding_model not in self.registry:
-            # listed from the start, fetched on its first use (`load`)
-            self.registry[config.embedding_model] = model_registry.provisioned_entry(
-                config.embedding_model, config.models_dir, "embedding")
-        self.preload = list(models)
-        self.pinned: set[str] = set(config.pinned)  # admin pin/unpin change it at run time
-        self.aliases = dict(config.alias_targets)
-        self.alias_log = AliasLog()
+        self.registry: dict[str, ModelEntry] = model_registry.servable(
+            config.models_dir, models, config.embedding_model, self.dequantize_all)
+        self.names = ModelNames(self.registry, config, preload=list(models))
         self.supervisors: dict[str, WorkerSupervisor] = {}
         self.last_used: dict[str, float] = {}
         self.recent: dict[str, list[FinishEvent]] = {}
@@ -80,7 +66,7 @@ class WorkerPool:
         self._runtime_lock: FileLock | None = None  # held for life: marks runtime_dir as in use
         self.client: WorkerClient | None = None
         self.kvstore: KVStoreSupervisor | None = None
-        self.budget_bytes = config.effective_memory_budget_bytes
+        self.memory = MemoryBudget.from_config(config)
         self._load_lock = asyncio.Lock()
         self._ttl_task: asyncio.Task[None] | None = None
         self._sample_task: asyncio.Task[None] | None = None
@@ -105,10 +91,10 @@ class WorkerPool:
                 self.kvstore = KVStoreSupervisor(self.config, self.runtime_dir, self.client)
                 self.kvstore.on_restart = lambda: self.metrics.observe_restart("kvstore")
                 await self.kvstore.start()
-            self.check_config(self.config)
+            self.names.check_config(self.config)
             self.accepting.set()
-            for model_id in [*self.preload, *sorted(self.pinned - set(self.preload))]:
-                await self.load(self.aliases.get(model_id, model_id))
+            for model_id in self.names.startup_models():
+                await self.load(model_id)
         except BaseException:
             await self.stop()
             raise
@@ -146,90 +132,47 @@ class WorkerPool:
         if num_failed:
             logger.warning("shutting down; ended %d unfinished request(s)", num_failed)
 
-    # ------------------------------------------------------------ names
+    # ------------------------------------------------------------ names and memory
 
     @property
     def models(self) -> list[str]:
-        return sorted(self.registry)
+        return self.names.models
 
     @property
-    def default_model(self) -> str | None:
-        """The model `model_aliases`' DEFAULT_TARGET means: the first command-line model,
-        else the first pinned one (None: the service has neither)."""
-        if self.preload:
-            return self.preload[0]
-        pinned = sorted(self.pinned)
-        return self.aliases.get(pinned[0], pinned[0]) if pinned else None
+    def pinned(self) -> frozenset[str]:
+        """The ids of the pinned models (admin pin/unpin change them at run time)."""
+        return self.names.pinned_ids
 
     def resolve(self, name: str) -> tuple[str, Profile | None]:
-        """A requested name -> (model id, profile or None): a model, a profile or an alias,
-        else the first `model_aliases` pattern it matches. Unknown names are a 404; names
-        are only ever looked up, never used as paths."""
-        found = self._resolve_exact(name)
-        if found is not None:
-            return found
-        matched = match_alias(self.config.model_aliases, name)
-        if matched is not None:
-            pattern, target = matched
-            target = self.default_model if target == DEFAULT_TARGET else target
-            found = self._resolve_exact(target) if target is not None else None
-            if found is not None:
-                self.alias_log.note(name, pattern, target)
-                return found
-        profiles = self.config.profiles
-        available = ", ".join([*self.models, *sorted(profiles)]) or "none"
-        raise RequestError(f"The model '{name}' does not exist. Available models: {available}",
-                           status=404, param="model", code="model_not_found")
+        """A requested name -> (model id, profile or None), or a 404 (`ModelNames.resolve`)."""
+        return self.names.resolve(name)
 
-    def _resolve_exact(self, name: str, profiles: Mapping[str, Profile] | None = None,
-                       aliases: Mapping[str, str] | None = None) -> tuple[str, Profile | None] | None:
-        """`name` as a profile, alias or model id, under the running configuration or (for
-        `check_config`) the given one."""
-        profiles = self.config.profiles if profiles is None else profiles
-        aliases = self.aliases if aliases is None else aliases
-        if name in profiles:
-            model_part = split_model_name(name)[0]
-            model_id = aliases.get(model_part, model_part)
-            if model_id in self.registry:
-                return model_id, profiles[name]
-        model_id = aliases.get(name, name)
-        if model_id in self.registry:
-            return model_id, None
-        return None
+    def loaded(self) -> list[LoadedModel]:
+        """What the memory budget knows of each running worker (a down one holds nothing)."""
+        pinned = self.pinned
+        return [LoadedModel(model_id, self.memory.need_bytes(self.registry[model_id]), supervisor.rss_bytes(),
+                            self.last_used.get(model_id, 0.0), self.in_flight(model_id), model_id in pinned)
+                for model_id, supervisor in self.supervisors.items() if supervisor.state != "down"]
 
-    def check_config(self, config: RouterConfig) -> None:
-        """Raise RequestError if `config` pins a model there is none of, or maps a
-        `model_aliases` pattern to no model: a typo that would turn every name it catches
-        into a 404 stops the start (or a reload) instead."""
-        aliases = dict(config.alias_targets)
-        unknown = sorted(set(config.pinned) - set(self.registry) - set(aliases))
-        if unknown:
-            raise RequestError(f"pinned model(s) not found: {', '.join(unknown)} "
-                               f"(looked in {config.models_dir})", status=404)
-        for pattern, target in config.model_aliases.items():
-            if target == DEFAULT_TARGET:
-                continue
-            if self._resolve_exact(target, config.profiles, aliases) is None:
-                raise RequestError(f"model_aliases: {pattern!r} maps to {target!r}, which is no model "
-                                   f"(looked in {config.models_dir})", status=404)
+    def used_bytes(self, exclude: str | None = None) -> int:
+        return self.memory.used_bytes(m for m in self.loaded() if m.model_id != exclude)
 
     def apply_config(self, config: RouterConfig) -> list[str]:
         """Run with `config` from now on (a reload; `check_config` passed). Pins set at run
         time through /admin stay; a model newly pinned starts loading, and a lowered budget
         evicts idle models. Returns the models now loading."""
-        old, self.config = self.config, config
-        self.pinned = (self.pinned - set(old.pinned)) | set(config.pinned)
-        self.aliases = dict(config.alias_targets)
-        self.budget_bytes = config.effective_memory_budget_bytes
+        self.config = config
+        self.names.apply_config(config)
+        self.memory = MemoryBudget.from_config(config)
         for supervisor in self.supervisors.values():
             supervisor.config = config
         if self.kvstore is not None:
             self.kvstore.config = config
-        loading = [model_id for model_id in sorted({self.aliases.get(m, m) for m in self.pinned})
+        loading = [model_id for model_id in sorted(self.pinned)
                    if model_id not in self.supervisors and model_id in self.registry]
         for model_id in loading:
             self._background(self.load(model_id), f"loading pinned {model_id}")
-        if self.used_bytes() > self.budget_bytes:
+        if self.used_bytes() > self.memory.budget_bytes:
             self._background(self._fit_budget(), "fitting the lowered memory budget")
         return loading
 
@@ -260,49 +203,9 @@ class WorkerPool:
 
     async def acquire(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> WorkerSupervisor:
         """The worker of a model id from `resolve` once ready (`router.model_waits`); a 400 unless it can serve `task`."""
-        self.check_kind(model_id, kinds, task)
+        self.names.check_kind(model_id, kinds, task)
         self.last_used[model_id] = time.time()
         return await self.waits.until_ready(model_id)
-
-    def check_kind(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> None:
-        """A 400 unless `model_id` can serve `task`: checked before any wait or load."""
-        entry = self.registry[model_id]
-        if entry.kind not in kinds:
-            wanted = " or ".join(kinds)
-            raise RequestError(f"model '{model_id}' is a {entry.kind} model, not {_article(wanted)} {wanted} model; "
-                               f"it cannot serve {task} (models that can: {', '.join(self.of_kinds(kinds)) or 'none'})",
-                               param="model", code="wrong_model_kind")
-
-    # ------------------------------------------------------------ load / unload
-
-    def of_kinds(self, kinds: Sequence[str]) -> list[str]:
-        return [model_id for model_id in self.models if self.registry[model_id].kind in kinds]
-
-    def need_bytes(self, entry: ModelEntry) -> int:
-        """Weights + runtime, and a hot tier for a chat model (encoders keep no KV cache)."""
-        hot_tier = self.hot_tier_bytes() if entry.kind == "chat" else 0
-        return entry.weights_bytes + hot_tier + RUNTIME_OVERHEAD_BYTES
-
-    def hot_tier_bytes(self) -> int:
-        """Each worker's hot-tier budget: as configured, or an eighth of the budget."""
-        return self.config.hot_tier_bytes or max(256 << 20, self.budget_bytes // 8)
-
-    def used_bytes(self, exclude: str | None = None) -> int:
-        total = 0
-        for model_id, supervisor in self.supervisors.items():
-            if model_id != exclude and supervisor.state != "down":
-                total += max(self.need_bytes(self.registry[model_id]), self.rss_bytes(supervisor))
-        return total
-
-    @staticmethod
-    def rss_bytes(supervisor: WorkerSupervisor) -> int:
-        pid = supervisor.pid
-        if pid is None:
-            return 0
-        try:
-            return psutil.Process(pid).memory_info().rss
-        except psutil.Error:
-            return 0
 
     async def load(self, model_id: str) -> WorkerSupervisor:
         """Load `model_id` (if it is not), evicting idle unpinned models LRU-first until its
@@ -315,12 +218,8 @@ class WorkerPool:
                 await supervisor.stop()
                 del self.supervisors[model_id]
             entry = self.registry[model_id]
-            need = self.need_bytes(entry)
-            if need > self.budget_bytes:
-                raise RequestError(
-                    f"model '{model_id}' needs about {need / 1e9:.2f} GB but the memory budget is "
-                    f"{self.budget_bytes / 1e9:.2f} GB; raise memory_budget_bytes or lower hot_tier_bytes",
-                    status=503, error_type="server_error", code="insufficient_memory")
+            need = self.memory.need_bytes(entry)
+            self.memory.check_fits_alone(model_id, need)
             await self._make_room(model_id, need)
             if entry.needs_conversion:
                 self.states[model_id] = "converting"
@@ -342,11 +241,11 @@ class WorkerPool:
             supervisor.on_stats = lambda source, stats: self.metrics.observe_worker_stats(model_id, source, stats)
             if entry.kind == "chat":
                 supervisor.kvstore_address = self.kvstore.address if self.kvstore is not None else ""
-                supervisor.hot_tier_bytes = self.hot_tier_bytes()
+                supervisor.hot_tier_bytes = self.memory.hot_tier_bytes
             self.supervisors[model_id] = supervisor
             self.states[model_id] = "loading"
             logger.info("loading %s (needs ~%.2f GB; %.2f of %.2f GB in use)", model_id, need / 1e9,
-                        self.used_bytes(exclude=model_id) / 1e9, self.budget_bytes / 1e9)
+                        self.used_bytes(exclude=model_id) / 1e9, self.memory.budget_bytes / 1e9)
             started = time.monotonic()
             try:
                 await supervisor.start()
@@ -364,26 +263,23 @@ class WorkerPool:
             return supervisor
 
     async def _make_room(self, model_id: str, need: int) -> None:
+        """Unload the models `MemoryBudget.victim` names until `need` fits, waiting up to
+        EVICT_WAIT_S for busy ones to finish."""
         deadline = time.monotonic() + EVICT_WAIT_S
-        while self.used_bytes(exclude=model_id) + need > self.budget_bytes:
-            candidates = [m for m in self.supervisors if m != model_id and m not in self.pinned]
-            if not candidates:
-                raise RequestError(
-                    f"model '{model_id}' needs about {need / 1e9:.2f} GB; {self.used_bytes() / 1e9:.2f} GB of the "
-                    f"{self.budget_bytes / 1e9:.2f} GB budget is held by pinned models",
-                    status=503, error_type="server_error", code="insufficient_memory")
-            idle = [m for m in candidates if self.in_flight(m) == 0]
-            if idle:
-                victim = min(idle, key=lambda m: self.last_used.get(m, 0.0))
-                logger.info("evicting %s (least recently used) to make room for %s", victim, model_id)
-                await self._unload(victim, "evicted")
+        while True:
+            try:
+                victim = self.memory.victim(self.loaded(), model_id, need)
+            except AllBusy:
+                if time.monotonic() > deadline:
+                    raise insufficient_memory(
+                        f"model '{model_id}' cannot be loaded now: every evictable model has requests in "
+                        f"flight after {EVICT_WAIT_S:.0f} s; retry shortly") from None
+                await asyncio.sleep(0.2)
                 continue
-            if time.monotonic() > deadline:
-                raise RequestError(
-                    f"model '{model_id}' cannot be loaded now: every evictable model has requests in "
-                    f"flight after {EVICT_WAIT_S:.0f} s; retry shortly",
-                    status=503, error_type="server_error", code="insufficient_memory")
-            await asyncio.sleep(0.2)
+            if victim is None:
+                return
+            logger.info("evicting %s (least recently used) to make room for %s", victim, model_id)
+            await self._unload(victim, "evicted")
 
     def in_flight(self, model_id: str) -> int:
         supervisor = self.supervisors.get(model_id)
@@ -410,12 +306,6 @@ class WorkerPool:
         model_id, _ = self.resolve(model_id)
         async with self._load_lock:
             await self._unload(model_id, "admin")
-
-    def pin(self, model_id: str) -> None:
-        self.pinned.add(self.resolve(model_id)[0])
-
-    def unpin(self, model_id: str) -> None:
-        self.pinned.discard(self.resolve(model_id)[0])
 
     def ttl_s(self, model_id: str) -> float:
         return float(self.config.ttl_for(model_id) or 0.0)

@@ -109,7 +109,7 @@ class Reloader:
                 loaded = await asyncio.to_thread(load_config, self.flags)
                 config, report = plan(running, loaded.config)
                 ring = await asyncio.to_thread(key_ring, config)
-                self.pool.check_config(config)
+                self.pool.names.check_config(config)
             except ConfigError as exc:
                 raise ReloadRefused(str(exc)) from None
             except RequestError as exc:

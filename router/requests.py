@@ -73,7 +73,7 @@ async def stream(request: Request, dialect: Dialect) -> Response:
     _check_num_messages(parsed, request.app.state.config.max_messages)
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
-    pool.check_kind(model_id)
+    pool.names.check_kind(model_id)
     supervisor = pool.waits.ready_now(model_id)
     if supervisor is not None:
         events = _forward(request, dialect, parsed, model_id, supervisor, received)

@@ -41,7 +41,7 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
             extra["dimensions"] = supervisor.ready.dimensions
     if kind == "chat":
         extra.update(_chat_limits(pool, model_id, profile, extra.get("context_length")))
-        if name == model_id and model_id == pool.default_model:
+        if name == model_id and model_id == pool.names.default_model:
             extra["default"] = True  # what `claude-*` names reach (model_aliases' "<default>")
     return model_card(name, pool.created, **extra)
 
@@ -79,10 +79,7 @@ def _is_anthropic(request: Request) -> bool:
 
 async def list_models(request: Request) -> Response:
     pool: WorkerPool = request.app.state.pool
-    profiles = sorted(pool.config.profiles)
-    # chat models first: clients that take the first listed model mean one they can chat with
-    models = sorted(pool.models, key=lambda m: pool.registry[m].kind != "chat")
-    names = [*models, *(p for p in profiles if p not in pool.registry)]
+    names = pool.names.listing()
     if _is_anthropic(request):  # one page with everything: nothing to page through
         return JSONResponse({"data": [_anthropic_card(pool, m) for m in names], "has_more": False,
                              "first_id": names[0] if names else None, "last_id": names[-1] if names else None})

@@ -59,7 +59,7 @@ def start_router(model_dir: Path, monkeypatch: pytest.MonkeyPatch, worker_env: d
     config = make_config({**FAST, "home": model_dir.parent / "home", **overrides})
     pool = WorkerPool(config, {MODEL_ID: model_dir}, worker_command=FAKE_WORKER)
     if not preload:
-        pool.preload.clear()
+        pool.names.preload.clear()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from router.config import ConfigError, RouterConfig, is_loopback, make_config
+from router.config import ConfigError, RouterConfig, make_config
+from router.config_checks import is_loopback
 
 
 def test_defaults() -> None:

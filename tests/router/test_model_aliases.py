@@ -123,4 +123,4 @@ def test_a_pattern_may_select_a_profile(tmp_path: Path) -> None:
 def test_a_target_that_names_no_model_stops_the_start(tmp_path: Path) -> None:
     pool = _pool(tmp_path, model_aliases={"claude-*": "no-such-model"})
     with pytest.raises(RequestError, match="no-such-model"):
-        pool.check_config(pool.config)
+        pool.names.check_config(pool.config)
