@@ -129,11 +129,13 @@ def _cancel(task: asyncio.Future, stream: RequestStream) -> None:
 
 async def _padded_body(collect: asyncio.Future, keepalive_s: float,
                        late_error: Callable[[RequestError | WorkerDead], dict[str, Any]]) -> AsyncIterator[bytes]:
-    while True:
-        done, _ = await asyncio.wait({collect}, timeout=keepalive_s)
-        if done:
-            break
-        yield b" "
+    # committed to padding once the first interval passed: the body starts with a space
+    # even when the answer comes right after (else its form would depend on a race)
+    yield b" "
+    while not collect.done():
+        await asyncio.wait({collect}, timeout=keepalive_s)
+        if not collect.done():
+            yield b" "
     try:
         response = collect.result()
     except (RequestError, WorkerDead) as exc:
