@@ -3,8 +3,8 @@
 Each message class carries a `type` tag; `protocol.codec` turns them into msgpack maps
 and back. Three families live in modules of their own and are re-exported here: the
 kvstore's (`protocol.kv_messages`), the encoder workers' (`protocol.encoder_messages`) and
-the prefix cache's (`protocol.cache_messages`). Tensor payloads never live in these classes' msgpack body: they travel as
-extra ZeroMQ frames, referenced by index (see `protocol.codec`).
+the prefix cache's (`protocol.cache_messages`). Tensor payloads never live in these classes'
+msgpack body: they travel as extra ZeroMQ frames, referenced by index (see `protocol.codec`).
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ def test_the_cold_tier_has_one_name_outside_the_old_names_table() -> None:
     """Identifiers and metrics say "cold" (`cold_tokens`, `in_cold_tier`, tier "cold",
     `mlxd_cold_tier_*`); the shipped "ssd" names live on as aliases in router/old_names.py
     only, until mlxd 0.2."""
-    found = {str(p.relative_to(REPO)): spelled for p in python_files("router", "worker", "kvstore", "protocol", "models")
+    roots = ("router", "worker", "kvstore", "protocol", "models")
+    found = {str(p.relative_to(REPO)): spelled for p in python_files(*roots)
              if p != OLD_NAMES and (spelled := ssd_spellings(p))}
     assert not found, f"say cold (old names go in router/old_names.py): {found}"
 

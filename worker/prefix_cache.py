@@ -324,8 +324,9 @@ class PrefixCache:
 
     def clear(self) -> tuple[int, int, int]:
         """Drop the hot tier (but the blocks snapshots pin) and its tails, and the blocks
-        still waiting to be written to the cold tier (`mlxd cache clear`: the router clears the kvstore next, and these must not
-        land after it). Returns (blocks, bytes, dropped writes).
+        still waiting to be written to the cold tier (`mlxd cache clear`: the router clears
+        the kvstore next, and these must not land after it). Returns (blocks, bytes, dropped
+        writes).
 
         Safe between engine steps with requests running: each holds its own working cache
         and its plan's keys, so it finishes with the same tokens; blocks it completes

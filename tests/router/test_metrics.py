@@ -79,7 +79,8 @@ def test_history_points_are_rates_and_trailing_hit_rates() -> None:
     history.record(totals, 0, 0, now=104.0)
     first, second = history.points()
     assert first["generated_tok_s"] == 20.0 and first["prompt_tok_s"] == 250.0 and first["requests_per_s"] == 0.5
-    assert first["hot_hit_rate"] == 0.6 and first["cold_hit_rate"] == 0.2 and (first["running"], first["queued"]) == (2, 1)
+    assert first["hot_hit_rate"] == 0.6 and first["cold_hit_rate"] == 0.2
+    assert (first["running"], first["queued"]) == (2, 1)
     assert first["ssd_hit_rate"] == 0.2  # the old name, until 0.2
     assert second["generated_tok_s"] == 0.0 and second["hot_hit_rate"] == 0.6  # still within the 30 s window
     history.record(totals, 0, 0, now=200.0)
