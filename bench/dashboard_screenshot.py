@@ -38,7 +38,7 @@ QUESTIONS = ["Explain what a prefix cache is.", "Write a haiku about batching.",
 # the lines of /metrics worth showing in the README's excerpt
 EXCERPT = re.compile(r"^(# (HELP|TYPE) )?mlxd_(requests_total|prompt_tokens_total|generated_tokens_total|"
                      r"time_to_first_token_seconds_(count|sum)|request_duration_seconds_(count|sum)|"
-                     r"ssd_restore_seconds_(count|sum)|running_sequences|queued_sequences|hot_tier_(bytes|blocks|"
+                     r"cold_tier_restore_seconds_(count|sum)|running_sequences|queued_sequences|hot_tier_(bytes|blocks|"
                      r"hits_total|misses_total)|cold_tier_(bytes|blocks|hits_total|writes_total)|"
                      r"write_behind_queue_blocks|prompt_cache_hit_ratio|worker_restarts_total|model_loads_total|"
                      r"process_resident_memory_bytes|memory_(budget|used)_bytes)\b")

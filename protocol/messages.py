@@ -1,8 +1,10 @@
 """Every message that crosses a process boundary in mlxd, as typed dataclasses.
 
 Each message class carries a `type` tag; `protocol.codec` turns them into msgpack maps
-and back. Tensor payloads never live in these classes' msgpack body: they travel as
-extra ZeroMQ frames, referenced by index (see `protocol.codec`).
+and back. Three families live in modules of their own and are re-exported here: the
+kvstore's (`protocol.kv_messages`), the encoder workers' (`protocol.encoder_messages`) and
+the prefix cache's (`protocol.cache_messages`). Tensor payloads never live in these classes'
+msgpack body: they travel as extra ZeroMQ frames, referenced by index (see `protocol.codec`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ from typing import Any, ClassVar
 
 from protocol.cache_misses import CacheMisses, Divergence  # noqa: F401  (Divergence: nested in CacheMisses)
 from protocol.cache_breakpoints import CacheBreakpoint
+from protocol.cache_messages import (  # noqa: F401  (the prefix cache's messages, re-exported)
+    CacheCleared, CacheProbed, ClearCache, PinPrefix, PrefixPinned,
+)
 from protocol.errors import RequestError
 from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: importers find them here too)
     KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
@@ -51,7 +56,7 @@ class WorkerConfig(Message):
     model_path: str
     settings: WorkerSettings = field(default_factory=WorkerSettings)
     hot_tier_bytes: int = 0  # this worker's hot-tier budget, sized by the pool from the memory budget
-    kvstore_address: str = ""  # the SSD cold tier; empty: hot tier only
+    kvstore_address: str = ""  # the cold tier (on SSD); empty: hot tier only
     kind: str = "chat"  # chat | embedding | reranker: which loop the worker runs
 
 
@@ -240,35 +245,12 @@ class TokenCount(Message):
 
 
 @dataclass
-class ClearCache(Message):
-    """Router -> worker: drop the hot tier (`mlxd cache clear`), between two engine steps.
-    Running requests keep their own working caches and finish unchanged. A request too,
-    like CountTokens: its one answer (a CacheCleared) ends its stream."""
-
-    type: ClassVar[str] = "clear_cache"
-    request_id: str
-
-
-@dataclass
-class CacheCleared(Message):
-    """Worker -> router: what a ClearCache removed; the last event for its id."""
-
-    type: ClassVar[str] = "cache_cleared"
-    request_id: str
-    num_blocks: int  # hot-tier entries (whole blocks and tails)
-    num_bytes: int
-    # blocks captured before the clear and still waiting for the SSD: dropped, so that
-    # they do not reach the kvstore after the router clears it
-    num_dropped_writes: int = 0
-
-
-@dataclass
 class ProbeCache(Message):
     """Router -> worker: where is `request`'s prompt cached? Rendered and tokenized as if
     `request` were sent (on the tokenizer thread, like CountTokens), then looked up in the
     hot tier and the kvstore without using anything: no block's recency changes in
     either tier, no hit or miss is counted, nothing is computed or read. Answered by a
-    CacheProbed or an ErrorEvent."""
+    CacheProbed (`protocol.cache_messages`) or an ErrorEvent."""
 
     type: ClassVar[str] = "probe_cache"
     request: AddRequest
@@ -276,66 +258,6 @@ class ProbeCache(Message):
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-
-@dataclass
-class CacheProbed(Message):
-    """Worker -> router: the answer to a ProbeCache, the last event for its id.
-
-    The split is what the same request would be served: `hot_tokens` (whole hot blocks,
-    then a hot tail), then `ssd_tokens` (whole blocks the kvstore holds, continuing the
-    hot run), the rest computed; a request's `cached_tokens` is hot + SSD. One prompt
-    token is always computed (it gives the first logits), so a prompt that ends on a block
-    boundary cannot hit its last block. `keys` are every whole block of the prompt, each
-    with where it is on its own (`tiers`: hot, ssd or missing), whether the kvstore has it
-    (`on_ssd`) and whether a snapshot or a cache breakpoint pins it in the hot tier (`pinned`)."""
-
-    type: ClassVar[str] = "cache_probed"
-    request_id: str
-    prompt_tokens: int
-    block_tokens: int
-    hot_tokens: int = 0
-    ssd_tokens: int = 0
-    hot_blocks: int = 0
-    ssd_blocks: int = 0
-    tail_tokens: int = 0  # the part of hot_tokens that is a tail (after the last whole block)
-    keys: list[bytes] = field(default_factory=list)
-    tiers: list[str] = field(default_factory=list)
-    on_ssd: list[bool] = field(default_factory=list)
-    pinned: list[bool] = field(default_factory=list)
-    cold_tier: str = "off"  # ok | off | unavailable (the kvstore did not answer: SSD figures unknown, 0)
-    prefix_cache: bool = True  # False: this worker caches nothing (every token is missing)
-    misses: CacheMisses | None = None  # why the missing tokens are missing (None: no prefix cache)
-
-
-@dataclass
-class PinPrefix(Message):
-    """Router -> worker: pin the blocks `keys` in the hot tier under snapshot `name` (never
-    evicted while pinned; keys not there yet are pinned when they arrive), or with `pin`
-    False unpin the snapshot. With `store`, also make sure each block is on SSD: those the
-    kvstore lacks are written from the hot tier, and the answer comes once the kvstore
-    confirmed its writes are on disk. A request: answered by a PrefixPinned or an ErrorEvent."""
-
-    type: ClassVar[str] = "pin_prefix"
-    request_id: str
-    name: str
-    keys: list[bytes] = field(default_factory=list)
-    pin: bool = True
-    store: bool = False
-
-
-@dataclass
-class PrefixPinned(Message):
-    """Worker -> router: the answer to a PinPrefix, the last event for its id."""
-
-    type: ClassVar[str] = "prefix_pinned"
-    request_id: str
-    name: str
-    hot_blocks: int = 0  # of the keys, those in the hot tier now
-    hot_bytes: int = 0
-    written_blocks: int = 0  # written to SSD for this pin (the kvstore did not have them)
-    missing_blocks: int = 0  # neither in the hot tier nor on SSD: must be computed again
-    flushed: bool = True  # the kvstore confirmed its writes are on disk (or none were needed)
 
 
 @dataclass

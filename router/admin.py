@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError
 from protocol.settings import layout_in_effect
+from router import old_names
 from router.pool import WorkerPool
 from router.reload import Reloader, ReloadRefused
 from router.worker_client import RequestStream
@@ -62,7 +63,7 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
         # what clients' cache_control breakpoints keep pinned (at most breakpoint_pin_share of the budget)
         "breakpoints": _breakpoints(worker_stats),
     }
-    return {
+    return old_names.with_old_keys({
         "id": model_id,
         "kind": entry.kind,
         "state": pool.state_of(model_id),
@@ -81,11 +82,10 @@ def _model_status(pool: WorkerPool, model_id: str, now: float) -> dict[str, Any]
         # the worker's MLX arrays: live, freed but kept for reuse (capped by mlx_cache_mb), peak
         "mlx_memory": {key: worker_stats.get(f"mlx_{key}_bytes", 0) for key in ("active", "cache", "peak")},
         "hot_tier": hot_tier,
-        "hot_cache": hot_tier,  # the old name, kept until 0.2 (README: Admin status)
         # how chat prompts with tools are laid out (README: Prompt layout); None until loaded
         "prompt_layout": (layout_in_effect(pool.config.worker.prompt_layout, supervisor.ready.tools_first)
                           if supervisor and supervisor.ready and supervisor.ready.kind == "chat" else None),
-    }
+    }, old_names.STATUS_MODEL)
 
 
 async def _kvstore_status(pool: WorkerPool) -> dict[str, Any] | None:
@@ -111,19 +111,18 @@ async def _kvstore_status(pool: WorkerPool) -> dict[str, Any] | None:
 def _request_status(stream: RequestStream, now: float) -> dict[str, Any]:
     """One request in flight, as the dashboard's live list shows it."""
     tok_s = stream.tokens_per_s()
-    return {
+    return old_names.with_old_keys({
         "id": stream.request_id,
         "model": stream.model,
         "route": stream.route or None,  # None: the router's own question (a token count, a cache clear)
         "user_agent": stream.user_agent,
         "state": stream.phase,
-        "tokens": stream.num_tokens,  # the old name of generated_tokens
         "prompt_tokens": stream.prompt_tokens,
         "cached_tokens": stream.cached_tokens,
         "generated_tokens": stream.num_tokens,
         "tok_s": round(tok_s, 1) if tok_s is not None else None,
         "age_s": round(now - stream.created, 2),
-    }
+    }, old_names.STATUS_REQUEST)
 
 
 async def status(request: Request) -> Response:

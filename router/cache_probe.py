@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.messages import AddRequest, CacheProbed, ProbeCache
+from router import old_names
 from router.api.dialect_entry import DialectEntry
 from router.api.openai_format import misses_body
 from router.api.registry import prompt_dialects
@@ -66,28 +67,30 @@ def prompt_request(request: Request, pool: WorkerPool, body: dict[str, Any],
 
 
 def probe_body(model_id: str, api: str, probed: CacheProbed) -> dict[str, Any]:
-    """The JSON answer of a probe (also the `probe` part of a snapshot's creation)."""
-    cached = probed.hot_tokens + probed.ssd_tokens
-    return {
+    """The JSON answer of a probe (also the `probe` part of a snapshot's creation), the
+    old names of renamed fields included (`router.old_names`)."""
+    cached = probed.hot_tokens + probed.cold_tokens
+    return old_names.with_old_keys({
         "object": "cache.probe",
         "model": model_id,
         "api": api,
         "prompt_tokens": probed.prompt_tokens,
         "block_tokens": probed.block_tokens,
         "hot_tokens": probed.hot_tokens,
-        "ssd_tokens": probed.ssd_tokens,
+        "cold_tokens": probed.cold_tokens,
         "missing_tokens": probed.prompt_tokens - cached,
         "cached_tokens": cached,
         "tail_tokens": probed.tail_tokens,
         "hot_blocks": probed.hot_blocks,
-        "ssd_blocks": probed.ssd_blocks,
-        "blocks": [{"index": i, "key": key.hex(), "tier": tier, "on_ssd": on_ssd, "pinned": pinned}
-                   for i, (key, tier, on_ssd, pinned)
-                   in enumerate(zip(probed.keys, probed.tiers, probed.on_ssd, probed.pinned))],
+        "cold_blocks": probed.cold_blocks,
+        "blocks": [old_names.with_old_keys({"index": i, "key": key.hex(), "tier": tier, "in_cold_tier": in_cold,
+                                            "pinned": pinned}, old_names.PROBE_BLOCK)
+                   for i, (key, tier, in_cold, pinned)
+                   in enumerate(zip(probed.keys, probed.tiers, probed.in_cold_tier, probed.pinned))],
         "cold_tier": probed.cold_tier,
         "prefix_cache": probed.prefix_cache,
         **misses_body(probed.misses),
-    }
+    }, old_names.PROBE)
 
 
 async def probe_prompt(request: Request, model_id: str, add: AddRequest) -> CacheProbed:
@@ -99,8 +102,8 @@ async def probe_prompt(request: Request, model_id: str, add: AddRequest) -> Cach
 
 
 async def probe(request: Request) -> Response:
-    """POST /admin/cache/probe: how many leading tokens of the body's prompt are hot, on
-    SSD or missing for its model, and each whole block's key and tier."""
+    """POST /admin/cache/probe: how many leading tokens of the body's prompt are hot, in
+    the cold tier or missing for its model, and each whole block's key and tier."""
     pool: WorkerPool = request.app.state.pool
     body = parse_json_body(await request.body())
     model_id, api, add = prompt_request(request, pool, body)

@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from protocol.errors import RequestError
 from protocol.messages import FinishEvent, PinPrefix, PrefixPinned, SamplingParams
+from router import old_names
 from router.cache_probe import WORKER_ANSWER_TIMEOUT_S, probe_body, probe_prompt, prompt_request
 from router.json_body import parse_json_body
 from router.pool import WorkerPool
@@ -66,8 +67,9 @@ def _name(body: dict[str, Any]) -> str:
 
 
 def _view(snapshot: dict[str, Any], pool: WorkerPool) -> dict[str, Any]:
-    """A snapshot as the routes show it: its sizes on SSD as the kvstore says now, in the
-    hot tier as the worker's last pong said (at most heartbeat_s old; null: not loaded)."""
+    """A snapshot as the routes show it: its sizes in the cold tier as the kvstore says
+    now, in the hot tier as the worker's last pong said (at most heartbeat_s old; null: not
+    loaded); with the old names of renamed fields (`router.old_names`)."""
     info = snapshot.get("info") or {}
     model_id = snapshot["namespace"]
     hot: dict[str, int] | None = None
@@ -75,7 +77,7 @@ def _view(snapshot: dict[str, Any], pool: WorkerPool) -> dict[str, Any]:
     if supervisor is not None and supervisor.last_pong is not None:
         blocks, num_bytes = (supervisor.last_pong.stats.get("snapshots") or {}).get(snapshot["name"], (0, 0))
         hot = {"blocks": blocks, "bytes": num_bytes}
-    return {
+    return old_names.with_old_keys({
         "object": "cache.snapshot",
         "name": snapshot["name"],
         "model": model_id,
@@ -85,11 +87,11 @@ def _view(snapshot: dict[str, Any], pool: WorkerPool) -> dict[str, Any]:
         "block_tokens": info.get("block_tokens", 0),
         "blocks": snapshot["blocks"],
         "bytes": snapshot["bytes"],
-        "ssd": {"blocks": snapshot["stored_blocks"], "bytes": snapshot["bytes"]},
+        "cold": {"blocks": snapshot["stored_blocks"], "bytes": snapshot["bytes"]},
         "hot": hot,
         "created": int(snapshot.get("created") or 0),
         "keys": [bytes(k).hex() for k in snapshot["keys"]],
-    }
+    }, old_names.SNAPSHOT)
 
 
 async def list_snapshots(request: Request) -> Response:

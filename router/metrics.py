@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 
 from protocol.cache_misses import REASONS
 from protocol.messages import FinishEvent
+from router import old_names
 
 # no `_created` series beside every counter and histogram: scrapers do not need them, and
 # they would double what a person reading /metrics has to skip
@@ -34,7 +35,7 @@ DURATION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.
 RESTORE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LOAD_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
-PROMPT_SOURCES = ("hot", "ssd", "computed")  # where a prompt token's KV came from
+PROMPT_SOURCES = ("hot", "cold", "computed")  # where a prompt token's KV came from
 
 # child-reported counters: the report's field -> (metric name without _total, help)
 WORKER_COUNTERS: dict[str, tuple[str, str]] = {
@@ -42,9 +43,10 @@ WORKER_COUNTERS: dict[str, tuple[str, str]] = {
     "misses": ("mlxd_hot_tier_misses", "prefix block lookups that missed a worker's hot tier"),
     "inserts": ("mlxd_hot_tier_inserts", "blocks stored into a worker's hot tier"),
     "evictions": ("mlxd_hot_tier_evictions", "blocks evicted from a worker's hot tier (LRU, over its budget)"),
-    "cold_fetched_blocks": ("mlxd_ssd_restored_blocks", "blocks a worker restored from the SSD cold tier"),
-    "cold_read_timeouts": ("mlxd_ssd_read_timeouts", "SSD cold-tier reads a worker gave up on (the kvstore was slow)"),
-    "cold_corrupt_blocks": ("mlxd_ssd_corrupt_blocks", "blocks read from the SSD cold tier that failed to decode"),
+    "cold_fetched_blocks": ("mlxd_cold_tier_restored_blocks", "blocks a worker restored from the cold tier (SSD)"),
+    "cold_read_timeouts": ("mlxd_cold_tier_read_timeouts",
+                           "cold-tier reads a worker gave up on (the kvstore was slow)"),
+    "cold_corrupt_blocks": ("mlxd_cold_tier_corrupt_blocks", "blocks read from the cold tier that failed to decode"),
     "cold_queued_blocks": ("mlxd_write_behind_queued_blocks", "blocks a worker queued for writing to the SSD cold tier"),
     "cold_dropped_blocks": ("mlxd_write_behind_dropped_blocks",
                             "blocks a worker dropped from its SSD write-behind queue (full, or cleared)"),
@@ -110,7 +112,7 @@ class Totals:
 
     def as_json(self) -> dict[str, Any]:
         return {"requests": self.requests, "generated_tokens": self.generated_tokens,
-                "prompt_tokens": dict(self.prompt_tokens)}
+                "prompt_tokens": old_names.with_old_keys(dict(self.prompt_tokens), old_names.PROMPT_SOURCES)}
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class History:
     def points(self, shown_s: float = HISTORY_SHOWN_S, window_s: float = HIT_RATE_WINDOW_S) -> list[dict[str, Any]]:
         """One point per sample of the last `shown_s` (the first sample has no rate): tokens
         and requests per second since the previous sample, and the share of prompt tokens
-        served from the hot tier and the SSD over the trailing `window_s` (None: no prompt
+        served from the hot tier and the cold tier over the trailing `window_s` (None: no prompt
         tokens in that window)."""
         samples = list(self.samples)
         if not samples:
@@ -158,17 +160,17 @@ class History:
             dt = max(now.t - before.t, 1e-6)
             window = [a - b for a, b in zip(now.prompt_tokens, samples[start].prompt_tokens)]
             prompt_total = sum(window)
-            points.append({
+            points.append(old_names.with_old_keys({
                 "t": round(now.t, 2),
                 # never below zero: a request that failed takes its streamed tokens out of the sum
                 "generated_tok_s": round(max(0, now.generated_tokens - before.generated_tokens) / dt, 2),
                 "prompt_tok_s": round((sum(now.prompt_tokens) - sum(before.prompt_tokens)) / dt, 2),
                 "requests_per_s": round((now.requests - before.requests) / dt, 3),
                 "hot_hit_rate": round(window[0] / prompt_total, 3) if prompt_total else None,
-                "ssd_hit_rate": round(window[1] / prompt_total, 3) if prompt_total else None,
+                "cold_hit_rate": round(window[1] / prompt_total, 3) if prompt_total else None,
                 "running": now.running,
                 "queued": now.queued,
-            })
+            }, old_names.HISTORY_POINT))
         return points
 
     def as_json(self) -> dict[str, Any]:
@@ -192,7 +194,7 @@ class Metrics:
                                    ["model", "finish_reason"], registry=r)
         self.prompt_tokens = Counter("mlxd_prompt_tokens",
                                      "prompt tokens of finished generations, by where their KV came from: the hot "
-                                     "tier (RAM), the SSD cold tier, or computed by prefill",
+                                     "tier (RAM), the cold tier (SSD), or computed by prefill",
                                      ["model", "source"], registry=r)
         self.miss_tokens = Counter("mlxd_prefix_miss_tokens",
                                    "prompt tokens of finished generations the prefix cache did not serve, by why: "
@@ -211,10 +213,10 @@ class Metrics:
         self.duration = Histogram("mlxd_request_duration_seconds",
                                   "generation requests end to end: the router reading the request to its last token",
                                   ["model"], buckets=DURATION_BUCKETS, registry=r)
-        self.restore = Histogram("mlxd_ssd_restore_seconds",
-                                 "per request that restored prefix blocks from the SSD cold tier: lookup, read and "
+        self.restore = Histogram("mlxd_cold_tier_restore_seconds",
+                                 "per request that restored prefix blocks from the cold tier: lookup, read and "
                                  "decode time", ["model"], buckets=RESTORE_BUCKETS, registry=r)
-        self.restored_bytes = Counter("mlxd_ssd_restored_bytes", "KV bytes restored from the SSD cold tier",
+        self.restored_bytes = Counter("mlxd_cold_tier_restored_bytes", "KV bytes restored from the cold tier",
                                       ["model"], registry=r)
         self.loads = Counter("mlxd_model_loads", "models loaded (their worker became ready)", ["model"], registry=r)
         self.load_failures = Counter("mlxd_model_load_failures", "model loads that failed", ["model"], registry=r)
@@ -242,8 +244,8 @@ class Metrics:
         """One generation's FinishEvent: its tokens by source and its timings."""
         usage, timings = event.usage, event.timings
         cached = min(usage.cached_tokens, usage.prompt_tokens)
-        ssd = min(usage.cold_tokens, cached)
-        by_source = {"hot": cached - ssd, "ssd": ssd, "computed": usage.prompt_tokens - cached}
+        cold = min(usage.cold_tokens, cached)
+        by_source = {"hot": cached - cold, "cold": cold, "computed": usage.prompt_tokens - cached}
         for source, count in by_source.items():
             self.prompt_tokens.labels(model, source).inc(count)
             self.totals.prompt_tokens[source] += count

@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.metrics import HIT_RATE_WINDOW_S
+from router.old_names import WithOldMetricNames
 from router.pool import WorkerPool
 
 UNMATCHED = "unmatched"  # the route label of a path no route serves (scanners, typos): one series for all
@@ -152,11 +153,11 @@ class PoolCollector(Collector):
         window (for a glance; rate() over mlxd_prompt_tokens_total is the exact form)."""
         ratio = GaugeMetricFamily("mlxd_prompt_cache_hit_ratio",
                                   f"share of the prompt tokens of the last {HIT_RATE_WINDOW_S:.0f} s served from a "
-                                  "cache tier (hot: RAM, ssd: the cold tier)", labels=["tier"])
+                                  "cache tier (hot: RAM, cold: the cold tier on SSD)", labels=["tier"])
         points = self.pool.metrics.history.points(shown_s=0.0)
         if points:
             last = points[-1]
-            for tier in ("hot", "ssd"):
+            for tier in ("hot", "cold"):
                 if last[f"{tier}_hit_rate"] is not None:
                     ratio.add_metric([tier], last[f"{tier}_hit_rate"])
         yield ratio
@@ -187,11 +188,13 @@ def watch(pool: WorkerPool) -> None:
 
 
 async def metrics(request: Request) -> Response:
-    """GET /metrics: the registry in Prometheus' text format; the kvstore's counters are
-    asked for first, so the cold tier's figures are current."""
+    """GET /metrics: the registry in Prometheus' text format, renamed metrics under their
+    old names too (`router.old_names`); the kvstore's counters are asked for first, so the
+    cold tier's figures are current."""
     pool: WorkerPool = request.app.state.pool
     await pool.kvstore_stats()
-    return Response(generate_latest(pool.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(WithOldMetricNames(pool.metrics.registry)),  # type: ignore[arg-type]
+                    media_type=CONTENT_TYPE_LATEST)
 
 
 def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:

@@ -120,11 +120,11 @@ def format_top(status: dict[str, Any], url: str) -> list[str]:
     points = (status.get("history") or {}).get("points") or []
     last = points[-1] if points else {}
     prompt = totals.get("prompt_tokens") or {}
-    hits = (f"{percent(last.get('hot_hit_rate'))} hot, {percent(last.get('ssd_hit_rate'))} SSD"
+    hits = (f"{percent(last.get('hot_hit_rate'))} hot, {percent(last.get('cold_hit_rate'))} cold"
             if last.get("hot_hit_rate") is not None else "-")
     lines.append(f"requests: {totals.get('requests', 0)} served, {len(live)} in flight ({queued} queued); "
                  f"tokens: {totals.get('generated_tokens', 0)} generated, prompt {prompt.get('hot', 0)} hot / "
-                 f"{prompt.get('ssd', 0)} SSD / {prompt.get('computed', 0)} computed; "
+                 f"{prompt.get('cold', 0)} cold / {prompt.get('computed', 0)} computed; "
                  f"prompt cache (last {(status.get('history') or {}).get('hit_rate_window_s', 30):.0f} s): {hits}")
     rates = [float(p.get("generated_tok_s") or 0.0) for p in points]
     if rates:

@@ -100,3 +100,54 @@ def test_no_citation_of_a_document_the_repo_does_not_have() -> None:
     files += [REPO / "Makefile", REPO / "README.md", REPO / "pyproject.toml"]
     citing = sorted(str(p.relative_to(REPO)) for p in files if p != Path(__file__) and "DESIGN.md" in p.read_text())
     assert not citing, f"these cite a DESIGN.md the repo does not have: {citing}"
+
+
+OLD_NAMES = REPO / "router" / "old_names.py"  # the one module that spells the cold tier's old name
+
+
+def ssd_spellings(path: Path) -> list[str]:
+    """What in a module's code calls the cold tier "ssd": an identifier (name, attribute,
+    function, class, argument, keyword, import, dataclass field) or an identifier-like
+    string (a JSON key, a metric name, a label value) with an `ssd` part, or a `mlxd_ssd_`
+    metric name anywhere in a string. Prose (docstrings, help texts, log lines) may say SSD."""
+    tree = ast.parse(path.read_text(), str(path))
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.append(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.arg):
+            names.append(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.append(node.arg)
+        elif isinstance(node, ast.alias):
+            names.extend(filter(None, (node.name.rsplit(".", 1)[-1], node.asname)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if "mlxd_ssd_" in node.value or re.fullmatch(r"[a-z0-9_]+", node.value):
+                names.append(node.value)
+    return sorted({n for n in names if "mlxd_ssd_" in n or "ssd" in n.lower().split("_")})
+
+
+def test_the_cold_tier_has_one_name_outside_the_old_names_table() -> None:
+    """Identifiers and metrics say "cold" (`cold_tokens`, `in_cold_tier`, tier "cold",
+    `mlxd_cold_tier_*`); the shipped "ssd" names live on as aliases in router/old_names.py
+    only, until mlxd 0.2."""
+    roots = ("router", "worker", "kvstore", "protocol", "models")
+    found = {str(p.relative_to(REPO)): spelled for p in python_files(*roots)
+             if p != OLD_NAMES and (spelled := ssd_spellings(p))}
+    assert not found, f"say cold (old names go in router/old_names.py): {found}"
+
+
+def test_the_ssd_guard_sees_each_kind_of_spelling(tmp_path: Path) -> None:
+    """The guard above is not blind: each way of spelling the old name is caught, prose is not."""
+    module = tmp_path / "m.py"
+    for code in ("ssd_tokens = 1", "x.on_ssd", "def read_ssd(): pass", "class A:\n    ssd_blocks: int = 0",
+                 "f(ssd_tokens=1)", "body = {'ssd_tokens': 1}", "tier = 'ssd'", "name = 'mlxd_ssd_restored_blocks'",
+                 "help = 'blocks in mlxd_ssd_restored_blocks_total'"):
+        module.write_text(code)
+        assert ssd_spellings(module), code
+    module.write_text('"""Blocks read from SSD."""\nlog.info("%d pending SSD writes", n)\ncold_tokens = 1\n')
+    assert ssd_spellings(module) == []

@@ -18,17 +18,7 @@ from mlx_lm.generate import BatchGenerator
 from protocol.context_window import served_context_length
 from protocol.errors import RequestError
 from protocol.settings import WorkerSettings
-from protocol.messages import (
-    AddRequest,
-    CacheProbed,
-    CountTokens,
-    ErrorEvent,
-    FinishEvent,
-    Message,
-    ProbeCache,
-    ProgressEvent,
-    TokenEvent,
-)
+from protocol.messages import AddRequest, ErrorEvent, FinishEvent, Message, ProgressEvent, TokenEvent
 from worker.active_request import ActiveRequest
 from worker.admission import Admission, Admitter
 from worker.batch_adapter import make_batch_generator
@@ -40,6 +30,7 @@ from worker.prefill import prefill_rest, prefill_segments
 from worker.prefill_pacing import PrefillPacer
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
+from worker.prompt_questions import PromptQuestions
 from worker.prompts import longest_token_chars
 from worker.stop_strings import StopStringFilter
 
@@ -78,6 +69,7 @@ class Engine:
         self._pacer = PrefillPacer(settings.prefill_chunk_tokens)
         self._admitter = Admitter(self._tokenizer, self._vocab_size, self.eos_token_ids, self.context_length,
                                   self.max_token_chars, settings, prefix_cache, self._grammar_batch)
+        self.questions = PromptQuestions(self._admitter, prefix_cache)  # the tokenizer thread's, not the batch's
         self._early_first_token = EarlyFirstToken(self.eos_token_ids)
         self._fast_prefill_since_step = False
         self._by_uid: dict[int, ActiveRequest] = {}
@@ -123,7 +115,7 @@ class Engine:
 
     def add(self, request: AddRequest, prepared: PreparedPrompt | None = None, arrived: float | None = None) -> None:
         """Admit, plan and start a request. `prepared` is the worker's tokenizer thread's
-        work (token ids and SSD blocks read ahead); without it the prompt is tokenized and
+        work (token ids and cold-tier blocks read ahead, `questions.prepare`); without it the prompt is tokenized and
         its blocks read here. `arrived` is when the request reached the worker, so TTFT
         counts tokenizing and the cache lookup too.
 
@@ -156,35 +148,6 @@ class Engine:
         """Raise the 400/503 for a duplicate id or a full queue (`num_pending` requests
         are on their way in, still being tokenized)."""
         self._admitter.check_room(request_id, self._by_request, self.num_active + num_pending)
-
-    def prepare(self, request: AddRequest) -> PreparedPrompt:
-        """Tokenize and read the prompt's cached blocks from SSD; thread-safe, run on the
-        worker's tokenizer thread (see `PromptPreparer`)."""
-        return self._admitter.prepare(request)
-
-    def prompt_ids(self, request: AddRequest) -> list[int]:
-        """The request's prompt as token ids, or the RequestError refusing it; thread-safe
-        (the worker calls it from its tokenizer thread)."""
-        return self._admitter.prompt_ids(request)
-
-    def count_tokens(self, request: CountTokens) -> int:
-        """How many tokens the chat prompt of `request` renders to, even one too long for
-        the context window; thread-safe (run on the worker's tokenizer thread)."""
-        return len(self._admitter.rendered_ids(request.request))
-
-    def probe_cache(self, request: ProbeCache) -> CacheProbed:
-        """Where the prompt of `request` is cached (`PrefixCache.probe`): rendered and
-        tokenized as for a count, looked up without using anything; thread-safe (run on
-        the worker's tokenizer thread)."""
-        add = request.request
-        prompt_ids = self._admitter.rendered_ids(add)
-        found = self.prefix_cache.probe(prompt_ids, add.cache_salt)
-        misses = self._admitter.misses(add, prompt_ids, found.hot_tokens + found.ssd_tokens, found.ssd_tokens,
-                                       self._admitter.divergence(add, prompt_ids), refresh=False)
-        return CacheProbed(request.request_id, found.prompt_tokens, self.prefix_cache.block_tokens,
-                           found.hot_tokens, found.ssd_tokens, found.hot_blocks, found.ssd_blocks,
-                           found.tail_tokens, list(found.keys), found.tiers, found.on_ssd, found.pinned,
-                           found.cold_tier, self.prefix_cache.enabled, misses)
 
     def _start(self, request: AddRequest, admission: Admission, plan: PrefixPlan, arrived: float) -> None:
         """Put the request to work: a prefix hit may prefill its rest at once (`_start_hit`),

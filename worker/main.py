@@ -144,7 +144,7 @@ def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: L
         tool_dialect=tool_dialect,
         tools_first=tools_first,
     ))
-    preparer = PromptPreparer(engine.prepare, count=engine.count_tokens)
+    preparer = PromptPreparer(engine.questions.prepare, count=engine.questions.count_tokens)
     try:
         return _loop(channel, engine, preparer, lifecycle, settings.batch_window_ms)
     finally:
@@ -267,7 +267,7 @@ def _handle(message: Message, channel: RouterChannel, engine: Engine, preparer: 
     elif isinstance(message, CountTokens):
         preparer.submit_count(message)
     elif isinstance(message, ProbeCache):
-        preparer.submit_answer(message.request_id, lambda: engine.probe_cache(message),
+        preparer.submit_answer(message.request_id, lambda: engine.questions.probe_cache(message),
                                "probe the cache for this prompt")
     elif isinstance(message, PinPrefix):
         _pin_prefix(message, channel, engine, preparer)

@@ -1,73 +1,41 @@
 """The worker's prefix cache: which part of a prompt is already computed, and capture of
 new blocks as prefill and decoding produce them.
 
-Ties the block-key rule (`protocol.block_keys`), the hot tier (`worker.hot_tier`) and
-the MLX payloads (`worker.kv_blocks`) together for the engine. Besides whole blocks, a
-finished request leaves a *tail*: its tokens after the last whole block, keyed by that
-block. The next turn of a conversation starts with exactly those tokens, so it
-recomputes only what is new, not up to a block of old tokens.
+Ties the block-key rule (`protocol.block_keys`), the hot tier (`worker.hot_tier`), the
+cold tier (`worker.cold_tier`) and the MLX payloads (`worker.kv_blocks`) together for the
+engine. Besides whole blocks, a finished request leaves a *tail* (`worker.prefix_tails`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.nn as nn
 
-from protocol.block_keys import KEY_BYTES, BlockKey, chain_keys, root_key
+from protocol.block_keys import BlockKey, chain_keys, root_key
+from protocol.cache_messages import CacheProbed
 from protocol.cache_misses import CacheMisses
 from worker.breakpoint_pins import DEFAULT_MAX_SHARE, BreakpointPins
 from worker.cold_tier import ColdTier, ColdTierStats
-from worker.common_prefix import common_prefix
 from worker.hot_tier import HotTier
 from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
 from worker.miss_reasons import SeenPrefixes
+from worker.prefix_tails import Tails, tail_key
 
 log = logging.getLogger(__name__)
 
-_TAILS_PER_PARENT = 8
-
-
-def tail_key(parent: BlockKey, tokens: Sequence[int]) -> BlockKey:
-    h = hashlib.blake2b(digest_size=KEY_BYTES)
-    h.update(parent)
-    h.update(b"\x00tail\x00")
-    h.update(array("I", tokens).tobytes())
-    return BlockKey(h.digest())
-
-
 @dataclass
 class ColdRun:
-    """Blocks of one prompt read from SSD ahead of its admission, still encoded: those of
+    """Blocks of one prompt read from the cold tier ahead of its admission, still encoded: those of
     keys[start : start + len(blocks)]."""
 
     start: int
     blocks: list[memoryview]
     fetch_s: float
-
-
-@dataclass
-class PrefixProbe:
-    """Where one prompt is cached, found without using anything (`PrefixCache.probe`): the
-    split a request would be served, and every whole block with where it is."""
-
-    prompt_tokens: int
-    hot_tokens: int = 0
-    ssd_tokens: int = 0
-    hot_blocks: int = 0
-    ssd_blocks: int = 0
-    tail_tokens: int = 0
-    keys: list[BlockKey] = field(default_factory=list)
-    tiers: list[str] = field(default_factory=list)  # per key: hot | ssd | missing
-    on_ssd: list[bool] = field(default_factory=list)
-    pinned: list[bool] = field(default_factory=list)
-    cold_tier: str = "off"  # ok | off | unavailable
 
 
 @dataclass
@@ -119,9 +87,7 @@ class PrefixCache:
         if enabled and kinds is None:
             log.warning("this model's cache cannot be captured by blocks; serving it without a prefix cache")
         self.snapshots = SNAPSHOT in self.kinds
-        # parent block key -> [(tail tokens, tail key)], newest last; entries whose payload
-        # the hot tier has evicted are dropped lazily
-        self._tails: dict[BlockKey, list[tuple[tuple[int, ...], BlockKey]]] = {}
+        self.tails = Tails(self.hot, whole=self.snapshots)
         self._snapshots: dict[str, list[BlockKey]] = {}  # name -> its distinct keys, pinned in the hot tier
         self.seen = SeenPrefixes(fingerprint, block_tokens, whole_tails=self.snapshots)  # what was computed: miss reasons
         self.breakpoint_pins = BreakpointPins(self.hot, breakpoint_pin_share)  # clients' cache_control, with TTLs
@@ -142,7 +108,7 @@ class PrefixCache:
         return (len(prompt_ids) - 1) // self.block_tokens
 
     def read_ahead(self, prompt_ids: list[int], salt: str | None) -> ColdRun | None:
-        """Read from SSD the blocks of this prompt that follow its hot run, on the
+        """Read from the cold tier the blocks of this prompt that follow its hot run, on the
         tokenizer thread, so that waiting for the disk never holds up a decode step.
 
         Only reads: the hot tier is checked (a membership test, atomic under the GIL), not
@@ -164,7 +130,7 @@ class PrefixCache:
 
     def plan(self, prompt_ids: list[int], salt: str | None, read_ahead: ColdRun | None = None,
              fetch: bool = True) -> PrefixPlan:
-        """The longest cached run for this prompt: hot blocks, continued from SSD (the
+        """The longest cached run for this prompt: hot blocks, continued from the cold tier (the
         `read_ahead` blocks, or with `fetch` a read made here), then a tail."""
         if not self.enabled:
             return PrefixPlan(keys=[])
@@ -175,7 +141,7 @@ class PrefixCache:
         plan = PrefixPlan(keys=keys, salt=salt, hot_blocks=len(run))
         fetched: list[BlockPayload] = []
         if self.cold is not None and len(run) < usable and (read_ahead is not None or fetch):
-            # the hot run ended early: continue it from SSD, and keep what comes back hot
+            # the hot run ended early: continue it from the cold tier, and keep what comes back hot
             started = time.perf_counter()
             if read_ahead is None:
                 fetched = self.cold.fetch_run(keys[len(run) : usable])
@@ -203,51 +169,38 @@ class PrefixCache:
         return plan
 
     def _find_tail(self, parent: BlockKey, following: list[int]) -> tuple[int, BlockPayload] | None:
-        """The stored tail under `parent` that covers most of `following`. Sliceable
-        models may use a tail's first n tokens (K/V cut to n); with snapshot layers a tail
-        is usable only whole (a snapshot cannot be rewound)."""
-        candidates = self._tails.get(parent)
-        if not candidates:
-            return None
-        best: tuple[int, BlockKey] | None = None
-        alive = []
-        for tokens, key in candidates:
-            if key not in self.hot:
-                continue
-            alive.append((tokens, key))
-            if self.snapshots:
-                n = len(tokens) if tuple(following[: len(tokens)]) == tokens else 0
-            else:
-                n = common_prefix(tokens, following)
-            if n > 0 and (best is None or n > best[0]):
-                best = (n, key)
-        self._tails[parent] = alive
+        """The stored tail under `parent` that covers most of `following`, cut to what it
+        covers (whole, with snapshot layers)."""
+        best = self.tails.best(parent, following)
         if best is None:
             return None
         n, key = best
         (payload,) = self.hot.longest_run([key])
         return n, payload if self.snapshots else trim_payload(payload, n)
 
-    def probe(self, prompt_ids: list[int], salt: str | None) -> PrefixProbe:
-        """Where this prompt is cached: the split `plan` would find (hot blocks, SSD blocks
-        continuing them, a hot tail) and each whole block's tier, without using anything:
-        the hot tier is only looked at (no recency moves, no hit counted), the kvstore is
-        asked with a probe (no last use moves there) and nothing is read or assembled.
+    def probe(self, prompt_ids: list[int], salt: str | None, request_id: str) -> CacheProbed:
+        """Where this prompt is cached, as the answer to `request_id`'s ProbeCache (its
+        `misses` are the admitter's to fill): the split `plan` would find (hot blocks, cold
+        blocks continuing them, a hot tail) and each whole block's tier, without using
+        anything: the hot tier is only looked at (no recency moves, no hit counted), the
+        kvstore is asked with a probe (no last use moves there) and nothing is read or
+        assembled.
 
         Runs on the tokenizer thread, like `read_ahead`: membership tests and one dict
         lookup per tail are atomic under the GIL, and the tails under a parent are copied
         before they are scanned."""
         block = self.block_tokens
         keys = chain_keys(self.fingerprint, prompt_ids, block, salt)
-        result = PrefixProbe(len(prompt_ids), keys=keys, pinned=[self.hot.is_pinned(k) for k in keys])
+        result = CacheProbed(request_id, len(prompt_ids), block, keys=list(keys), prefix_cache=self.enabled,
+                             pinned=[self.hot.is_pinned(k) for k in keys])
         hot = [k in self.hot for k in keys]
-        on_ssd: list[bool] | None = [False] * len(keys)
+        in_cold: list[bool] | None = [False] * len(keys)
         if self.cold is not None and self.enabled:
-            on_ssd = self.cold.probe(keys)
-            result.cold_tier = "ok" if on_ssd is not None else "unavailable"
-            on_ssd = on_ssd or [False] * len(keys)
-        result.on_ssd = on_ssd
-        result.tiers = ["hot" if h else "ssd" if s else "missing" for h, s in zip(hot, on_ssd)]
+            in_cold = self.cold.probe(keys)
+            result.cold_tier = "ok" if in_cold is not None else "unavailable"
+            in_cold = in_cold or [False] * len(keys)
+        result.in_cold_tier = in_cold
+        result.tiers = ["hot" if h else "cold" if c else "missing" for h, c in zip(hot, in_cold)]
         if not self.enabled:
             return result
         usable = self._usable_blocks(prompt_ids)
@@ -255,35 +208,21 @@ class PrefixCache:
             result.hot_blocks += 1
         run = result.hot_blocks
         if self.cold is not None:
-            while run < usable and on_ssd[run]:
+            while run < usable and in_cold[run]:
                 run += 1
-        result.ssd_blocks = run - result.hot_blocks
+        result.cold_blocks = run - result.hot_blocks
         start = run * block
-        result.tail_tokens = self._tail_length(self._parent(keys, run, salt), prompt_ids[start : len(prompt_ids) - 1])
+        result.tail_tokens = self.tails.length(self._parent(keys, run, salt), prompt_ids[start : len(prompt_ids) - 1])
         result.hot_tokens = result.hot_blocks * block + result.tail_tokens
-        result.ssd_tokens = result.ssd_blocks * block
+        result.cold_tokens = result.cold_blocks * block
         return result
-
-    def _tail_length(self, parent: BlockKey, following: list[int]) -> int:
-        """How many of `following` the best stored tail under `parent` covers, as
-        `_find_tail` would choose it, without changing anything."""
-        best = 0
-        for tokens, key in list(self._tails.get(parent, ())):
-            if key not in self.hot:
-                continue
-            if self.snapshots:
-                n = len(tokens) if tuple(following[: len(tokens)]) == tokens else 0
-            else:
-                n = common_prefix(tokens, following)
-            best = max(best, n)
-        return best
 
     # ------------------------------------------------------------ snapshots (pins)
 
     def pin(self, name: str, keys: Sequence[BlockKey]) -> PinResult:
         """Pin `keys` in the hot tier under snapshot `name` (replacing a snapshot of that
         name): never evicted while pinned, including keys that arrive later (restored from
-        SSD by the next request that starts with them). Engine thread only."""
+        the cold tier by the next request that starts with them). Engine thread only."""
         self.unpin(name)
         distinct = list(dict.fromkeys(BlockKey(bytes(k)) for k in keys))
         self._snapshots[name] = distinct
@@ -304,7 +243,7 @@ class PrefixCache:
         return PinResult(hot_blocks=len(present), hot_bytes=sum(present))
 
     def store_pinned(self, keys: Sequence[BlockKey]) -> PinResult:
-        """Make sure each of `keys` is on SSD: the writes already queued are flushed first,
+        """Make sure each of `keys` is in the cold tier: the writes already queued are flushed first,
         then those the kvstore still lacks are written from the hot tier and flushed too
         (each flush waits for the kvstore's fsync). Thread-safe (runs on the tokenizer
         thread): payloads are read with `peek`, and blocks reach the writer through its queue."""
@@ -315,11 +254,11 @@ class PrefixCache:
             result.missing_blocks = len(keys) - result.hot_blocks
             return result
         result.flushed = self.cold.flush()
-        on_ssd = self.cold.probe(keys)
-        if on_ssd is None:
+        in_cold = self.cold.probe(keys)
+        if in_cold is None:
             result.flushed = False
             return result
-        for key, stored in zip(keys, on_ssd):
+        for key, stored in zip(keys, in_cold):
             if stored:
                 continue
             payload = self.hot.peek(key)
@@ -357,7 +296,7 @@ class PrefixCache:
         plan.captured_blocks = complete
         self.hot.refresh(plan.keys[:complete])  # the prefix's head stays the newest: evicted last
         self.seen.note_blocks(plan.keys, tokens, start, complete, plan.salt)
-        if start == 0 and self.cold is not None:  # a new first block: its shadow on SSD, for miss reasons
+        if start == 0 and self.cold is not None:  # a new first block: its shadow in the cold tier, for miss reasons
             self.cold.store(*self.seen.shadow_record(tokens[:block], plan.salt))
         if self.breakpoint_pins.held:  # blocks held before they were computed count now
             self.breakpoint_pins.enforce()
@@ -381,14 +320,13 @@ class PrefixCache:
             return
         payload = slice_span(caches, self.kinds, start, len(tokens))
         if self.hot.put(key, payload, payload.nbytes):
-            entries = self._tails.setdefault(parent, [])
-            entries.append((tail, key))
-            del entries[:-_TAILS_PER_PARENT]
+            self.tails.add(parent, tail, key)
 
     def clear(self) -> tuple[int, int, int]:
         """Drop the hot tier (but the blocks snapshots pin) and its tails, and the blocks
-        still waiting to be written to SSD (`mlxd cache clear`: the router clears the kvstore next, and these must not
-        land after it). Returns (blocks, bytes, dropped writes).
+        still waiting to be written to the cold tier (`mlxd cache clear`: the router clears
+        the kvstore next, and these must not land after it). Returns (blocks, bytes, dropped
+        writes).
 
         Safe between engine steps with requests running: each holds its own working cache
         and its plan's keys, so it finishes with the same tokens; blocks it completes
@@ -396,7 +334,7 @@ class PrefixCache:
         first block, so until that is cached again they are unused and age out)."""
         self.breakpoint_pins.release_all()
         num_blocks, num_bytes = self.hot.clear()
-        self._tails.clear()
+        self.tails.clear()
         num_dropped = self.cold.drop_queued() if self.cold is not None else 0
         log.info("hot tier cleared: %d blocks, %.1f MB; %d pending SSD writes dropped",
                  num_blocks, num_bytes / 1e6, num_dropped)

@@ -10,6 +10,7 @@ from typing import Any
 
 from protocol.cache_misses import CacheMisses
 from protocol.messages import Timings, Usage
+from router import old_names
 from router.tool_calls.events import ToolCall
 
 CHAT_CHUNK = "chat.completion.chunk"
@@ -90,14 +91,13 @@ def usage_chunk(kind: str, request_id: str, model: str, created: int, usage: Usa
 def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str, Any]:
     """mlxd's own per-request timings and cache use, beside the OpenAI fields (clients
     ignore it)."""
-    extension: dict[str, Any] = {"timings": {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}}
-    extension["timings"]["ssd_fetch_s"] = extension["timings"]["cold_fetch_s"]  # old names: go in 0.2
+    timings_body = {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}
+    extension: dict[str, Any] = {"timings": old_names.with_old_keys(timings_body, old_names.TIMINGS)}
     if usage is not None:
-        extension["cache"] = {"cached_tokens": usage.cached_tokens, "cold_tokens": usage.cold_tokens,
-                              "cold_bytes": usage.cold_bytes,
-                              "ssd_tokens": usage.cold_tokens, "ssd_bytes": usage.cold_bytes,
-                              "uncached_tokens": usage.prompt_tokens - usage.cached_tokens,
-                              **misses_body(usage.misses)}
+        extension["cache"] = old_names.with_old_keys({
+            "cached_tokens": usage.cached_tokens, "cold_tokens": usage.cold_tokens, "cold_bytes": usage.cold_bytes,
+            "uncached_tokens": usage.prompt_tokens - usage.cached_tokens, **misses_body(usage.misses)},
+            old_names.USAGE_CACHE)
     return extension
 
 

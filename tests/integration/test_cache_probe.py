@@ -41,8 +41,11 @@ def probe(svc: Service, body: dict[str, Any], headers: dict[str, str] | None = N
     r = httpx.post(f"{svc.base_url}/admin/cache/probe", json=body, headers=headers, timeout=120)
     assert r.status_code == 200, r.text
     found = r.json()
-    assert found["hot_tokens"] + found["ssd_tokens"] + found["missing_tokens"] == found["prompt_tokens"]
-    assert found["cached_tokens"] == found["hot_tokens"] + found["ssd_tokens"]
+    assert found["hot_tokens"] + found["cold_tokens"] + found["missing_tokens"] == found["prompt_tokens"]
+    assert found["cached_tokens"] == found["hot_tokens"] + found["cold_tokens"]
+    # the old names, until 0.2 (router/old_names.py)
+    assert (found["ssd_tokens"], found["ssd_blocks"]) == (found["cold_tokens"], found["cold_blocks"])
+    assert all(b["on_ssd"] == b["in_cold_tier"] for b in found["blocks"])
     return found
 
 
@@ -50,7 +53,7 @@ def system_prompt(topic: str) -> str:
     return f"You are a {topic} assistant. " + " ".join(f"Step {i}: {topic} item {i}, then log it." for i in range(30))
 
 
-def test_the_split_is_what_the_next_request_gets_hot_ssd_and_missed(service: Service) -> None:
+def test_the_split_is_what_the_next_request_gets_hot_cold_and_missed(service: Service) -> None:
     client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key="x", max_retries=0, timeout=300)
     messages = [{"role": "system", "content": system_prompt("release")}, {"role": "user", "content": "Step 7?"}]
     body = {"model": MODEL, "messages": messages}
@@ -71,7 +74,7 @@ def test_the_split_is_what_the_next_request_gets_hot_ssd_and_missed(service: Ser
     assert ask() == (missed["prompt_tokens"], 0, 0)
 
     hot = probe(service, body)
-    assert hot["hot_tokens"] > 4 * BLOCK and hot["ssd_tokens"] == 0
+    assert hot["hot_tokens"] > 4 * BLOCK and hot["cold_tokens"] == 0
     assert hot["hot_tokens"] == hot["hot_blocks"] * BLOCK + hot["tail_tokens"]
     assert all(b["tier"] == "hot" for b in hot["blocks"][: hot["hot_blocks"]])
     assert [b["key"] for b in hot["blocks"]] == [b["key"] for b in missed["blocks"]]
@@ -79,13 +82,13 @@ def test_the_split_is_what_the_next_request_gets_hot_ssd_and_missed(service: Ser
 
     r = httpx.post(f"{service.base_url}/admin/workers/{MODEL}/restart", timeout=300)  # flushes its SSD writes
     assert r.status_code == 200, r.text
-    ssd = probe(service, body)
-    assert ssd["hot_tokens"] == 0 and ssd["ssd_tokens"] == ssd["ssd_blocks"] * BLOCK > 4 * BLOCK
-    assert all(b["tier"] == "ssd" and b["on_ssd"] for b in ssd["blocks"][: ssd["ssd_blocks"]])
-    assert ask() == (ssd["prompt_tokens"], ssd["ssd_tokens"], ssd["ssd_tokens"])
-    # the restart emptied the hot tier: what SSD gave back is counted as such, in the probe and the answer
-    assert ssd["miss_reasons"]["evicted_hot_found_cold"] == ssd["ssd_tokens"]
-    assert last["miss_reasons"]["evicted_hot_found_cold"] == ssd["ssd_tokens"]
+    cold = probe(service, body)
+    assert cold["hot_tokens"] == 0 and cold["cold_tokens"] == cold["cold_blocks"] * BLOCK > 4 * BLOCK
+    assert all(b["tier"] == "cold" and b["in_cold_tier"] for b in cold["blocks"][: cold["cold_blocks"]])
+    assert ask() == (cold["prompt_tokens"], cold["cold_tokens"], cold["cold_tokens"])
+    # the restart emptied the hot tier: what the cold tier gave back is counted as such, in the probe and the answer
+    assert cold["miss_reasons"]["evicted_hot_found_cold"] == cold["cold_tokens"]
+    assert last["miss_reasons"]["evicted_hot_found_cold"] == cold["cold_tokens"]
     assert probe(service, body)["hot_tokens"] == hot["hot_tokens"]  # restored: hot again
 
 
@@ -147,7 +150,7 @@ def test_a_probe_changes_no_lru_order(service: Service, look: str) -> None:
     complete(service, c)
     found_a, found_b = probe(service, {"model": MODEL, "prompt": a}), probe(service, {"model": MODEL, "prompt": b})
     evicted, kept = (found_a, found_b) if look == "probe" else (found_b, found_a)
-    assert evicted["blocks"][-1]["tier"] == "ssd" and evicted["hot_blocks"] < 3, evicted
+    assert evicted["blocks"][-1]["tier"] == "cold" and evicted["hot_blocks"] < 3, evicted
     assert evicted["blocks"][0]["tier"] == "hot", evicted  # a chain is evicted from its end
     assert kept["hot_blocks"] == 3, kept
     # and the split still says what a request gets: A's blocks from SSD, its tail hot

@@ -68,7 +68,7 @@ def pressure(svc: Service, round_: int) -> list[list[int]]:
         r = post(svc, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0})
         assert r.status_code == 200, r.text
     deadline = time.monotonic() + 30
-    while any(b["on_ssd"] or b["tier"] != "missing" for b in probe(svc, {"prompt": prompts[0]})["blocks"]):
+    while any(b["in_cold_tier"] or b["tier"] != "missing" for b in probe(svc, {"prompt": prompts[0]})["blocks"]):
         assert time.monotonic() < deadline, "the first prompt's blocks were not evicted"
         time.sleep(0.5)
     return prompts
@@ -82,7 +82,7 @@ def snapshot_state(svc: Service) -> dict[str, Any]:
 def assert_pinned_in_both_tiers(svc: Service, num_blocks: int) -> None:
     found = snapshot_state(svc)
     blocks = found["blocks"][:num_blocks]
-    assert [(b["tier"], b["on_ssd"], b["pinned"]) for b in blocks] == [("hot", True, True)] * num_blocks, found
+    assert [(b["tier"], b["in_cold_tier"], b["pinned"]) for b in blocks] == [("hot", True, True)] * num_blocks, found
 
 
 def test_a_snapshot_outlives_eviction_and_restarts_until_deleted(default_model_dir: Path, tmp_path: Path) -> None:
@@ -95,13 +95,14 @@ def test_a_snapshot_outlives_eviction_and_restarts_until_deleted(default_model_d
         num_blocks = created["blocks"]
         assert num_blocks >= 3 and created["tokens"] == num_blocks * BLOCK
         assert created["computed_tokens"] == created["prompt_tokens"]  # nothing was cached: prefill ran
-        assert created["ssd"] == {"blocks": num_blocks, "bytes": created["bytes"]} and created["bytes"] > 0
+        assert created["cold"] == {"blocks": num_blocks, "bytes": created["bytes"]} and created["bytes"] > 0
+        assert created["ssd"] == created["cold"]  # its old name, until 0.2
         assert created["hot"]["blocks"] == num_blocks and created["hot"]["bytes"] >= num_blocks * BLOCK
         assert created["keys"] == [b["key"] for b in snapshot_state(svc)["blocks"]][:num_blocks]
 
         others = pressure(svc, 0)
         assert_pinned_in_both_tiers(svc, num_blocks)
-        assert all(b["tier"] == "missing" and not b["on_ssd"] for b in probe(svc, {"prompt": others[0]})["blocks"])
+        assert all(b["tier"] == "missing" and not b["in_cold_tier"] for b in probe(svc, {"prompt": others[0]})["blocks"])
         stats = httpx.get(f"{svc.base_url}/admin/cache?model={MODEL}", timeout=30).json()
         assert stats["cold_tier"]["pinned_blocks"] == num_blocks and stats["cold_tier"]["snapshots"] == 1
         assert stats["cold_tier"]["bytes"] <= stats["cold_tier"]["max_bytes"]  # pinned bytes count against it
@@ -112,7 +113,7 @@ def test_a_snapshot_outlives_eviction_and_restarts_until_deleted(default_model_d
         r = httpx.post(f"{svc.base_url}/admin/workers/{MODEL}/restart", timeout=300)
         assert r.status_code == 200, r.text
         found = snapshot_state(svc)  # the new worker pinned the keys when it started; they are on SSD
-        assert [(b["tier"], b["pinned"]) for b in found["blocks"][:num_blocks]] == [("ssd", True)] * num_blocks
+        assert [(b["tier"], b["pinned"]) for b in found["blocks"][:num_blocks]] == [("cold", True)] * num_blocks
         assert cached(chat(svc, FOLLOW_UP))[1] >= num_blocks * BLOCK  # an SSD hit, and hot again...
         pressure(svc, 1)
         assert_pinned_in_both_tiers(svc, num_blocks)  # ...and pinned there
@@ -123,19 +124,19 @@ def test_a_snapshot_outlives_eviction_and_restarts_until_deleted(default_model_d
     try:
         (listed,) = httpx.get(f"{svc.base_url}/admin/cache/snapshots", timeout=30).json()["data"]
         assert listed["name"] == "release-bot" and listed["model"] == MODEL
-        assert (listed["tokens"], listed["blocks"], listed["ssd"]["blocks"]) == (num_blocks * BLOCK, num_blocks,
+        assert (listed["tokens"], listed["blocks"], listed["cold"]["blocks"]) == (num_blocks * BLOCK, num_blocks,
                                                                                  num_blocks)
         assert listed["bytes"] == created["bytes"]
         follow = probe(svc, {"messages": FOLLOW_UP})
-        assert follow["hot_tokens"] == 0 and follow["ssd_tokens"] >= num_blocks * BLOCK
-        assert cached(chat(svc, FOLLOW_UP)) == (follow["cached_tokens"], follow["ssd_tokens"])
+        assert follow["hot_tokens"] == 0 and follow["cold_tokens"] >= num_blocks * BLOCK
+        assert cached(chat(svc, FOLLOW_UP)) == (follow["cached_tokens"], follow["cold_tokens"])
 
         r = httpx.delete(f"{svc.base_url}/admin/cache/snapshots/release-bot", timeout=60)
         assert r.status_code == 200 and r.json()["deleted"] is True, r.text
         assert httpx.get(f"{svc.base_url}/admin/cache/snapshots", timeout=30).json()["data"] == []
         pressure(svc, 2)
         first = snapshot_state(svc)["blocks"][0]
-        assert (first["tier"], first["on_ssd"], first["pinned"]) == ("missing", False, False)
+        assert (first["tier"], first["in_cold_tier"], first["pinned"]) == ("missing", False, False)
         assert cached(chat(svc, FOLLOW_UP)) == (0, 0)
     finally:
         svc.stop()

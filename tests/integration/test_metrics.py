@@ -54,10 +54,10 @@ def wait_for(probe: Callable[[], bool], what: str, timeout: float = 30.0) -> Non
 
 
 def usage_of(answer: Any) -> dict[str, int]:
-    """prompt, cached, SSD and completion tokens of an SDK answer (or a final stream chunk)."""
+    """prompt, cached, cold-tier and completion tokens of an SDK answer (or a final stream chunk)."""
     extension = (answer.model_extra or {}).get("mlxd") or {}
     return {"prompt": answer.usage.prompt_tokens, "cached": answer.usage.prompt_tokens_details.cached_tokens,
-            "ssd": (extension.get("cache") or {}).get("cold_tokens", 0), "completion": answer.usage.completion_tokens}
+            "cold": (extension.get("cache") or {}).get("cold_tokens", 0), "completion": answer.usage.completion_tokens}
 
 
 def ask(client: OpenAI, model: str, question: str, salt: str, *, stream: bool = False) -> dict[str, int]:
@@ -77,7 +77,7 @@ def ask(client: OpenAI, model: str, question: str, salt: str, *, stream: bool = 
 
 
 def expected_deltas(usages: list[dict[str, int]]) -> dict[str, int]:
-    return {"hot": sum(u["cached"] - u["ssd"] for u in usages), "ssd": sum(u["ssd"] for u in usages),
+    return {"hot": sum(u["cached"] - u["cold"] for u in usages), "cold": sum(u["cold"] for u in usages),
             "computed": sum(u["prompt"] - u["cached"] for u in usages),
             "generated": sum(u["completion"] for u in usages)}
 
@@ -94,12 +94,12 @@ def test_counters_and_histograms_move_by_what_the_answers_say(service: Service, 
               ask(client, model_id, "What is step 30?", "metrics-1"),  # the system prompt from the hot tier
               ask(client, model_id, "What is step 7?", "metrics-1", stream=True)]  # hot again, streamed
     assert usages[0]["cached"] == 0 and usages[1]["cached"] >= 512 and usages[2]["cached"] >= 512
-    assert all(u["ssd"] == 0 for u in usages)
+    assert all(u["cold"] == 0 for u in usages)
     # the request counter moves when the answer has been sent: an instant after the client has it
     wait_for(lambda: moved(before, scrape(service), "mlxd_requests_total", **ok) == 3, "3 counted requests")
     after = scrape(service)
     want = expected_deltas(usages)
-    for source in ("hot", "ssd", "computed"):
+    for source in ("hot", "cold", "computed"):
         assert moved(before, after, "mlxd_prompt_tokens_total", model=model_id, source=source) == want[source], source
     assert moved(before, after, "mlxd_generated_tokens_total", model=model_id) == want["generated"]
     for histogram in ("mlxd_time_to_first_token_seconds", "mlxd_queue_seconds", "mlxd_prefill_seconds",
@@ -107,7 +107,7 @@ def test_counters_and_histograms_move_by_what_the_answers_say(service: Service, 
         assert moved(before, after, f"{histogram}_count", model=model_id) == 3, histogram
         assert moved(before, after, f"{histogram}_bucket", model=model_id, le="+Inf") == 3, histogram
     assert moved(before, after, "mlxd_request_duration_seconds_sum", model=model_id) > 0
-    assert moved(before, after, "mlxd_ssd_restore_seconds_count", model=model_id) == 0
+    assert moved(before, after, "mlxd_cold_tier_restore_seconds_count", model=model_id) == 0
     # the hot tier's block counters come from the worker's pongs (every heartbeat_s)
     wait_for(lambda: value(scrape(service), "mlxd_hot_tier_hits_total", model=model_id)
              >= value(before, "mlxd_hot_tier_hits_total", model=model_id) + 4, "hot-tier hits from the pongs")
@@ -125,7 +125,7 @@ def test_counters_and_histograms_move_by_what_the_answers_say(service: Service, 
     assert value(scrape(service), "mlxd_requests_total", route=CHAT, model="", status="404") >= 1
 
 
-def test_an_ssd_hit_after_a_worker_restart_and_counters_that_stay_monotonic(service: Service, model_id: str) -> None:
+def test_a_cold_hit_after_a_worker_restart_and_counters_that_stay_monotonic(service: Service, model_id: str) -> None:
     client = OpenAI(base_url=f"{service.base_url}/v1", api_key="unused", max_retries=0)
     assert ask(client, model_id, "What is step 3?", "metrics-2")["cached"] == 0
     wait_for(lambda: value(scrape(service), "mlxd_cold_tier_writes_total") > 0
@@ -135,21 +135,29 @@ def test_an_ssd_hit_after_a_worker_restart_and_counters_that_stay_monotonic(serv
     restart = httpx.post(f"{service.base_url}/admin/workers/{model_id}/restart", timeout=300)
     assert restart.status_code == 200, restart.text
     usage = ask(client, model_id, "What is step 4?", "metrics-2")
-    assert usage["ssd"] >= 512 and usage["cached"] >= usage["ssd"]
-    wait_for(lambda: moved(before, scrape(service), "mlxd_ssd_restore_seconds_count", model=model_id) == 1,
-             "the SSD restore observed")
+    assert usage["cold"] >= 512 and usage["cached"] >= usage["cold"]
+    wait_for(lambda: moved(before, scrape(service), "mlxd_cold_tier_restore_seconds_count", model=model_id) == 1,
+             "the cold-tier restore observed")
     after = scrape(service)
     want = expected_deltas([usage])
-    for source in ("hot", "ssd", "computed"):
+    for source in ("hot", "cold", "computed"):
         assert moved(before, after, "mlxd_prompt_tokens_total", model=model_id, source=source) == want[source], source
     assert moved(before, after, "mlxd_worker_restarts_total", model=model_id) == 1
-    assert moved(before, after, "mlxd_ssd_restored_bytes_total", model=model_id) > 0
+    assert moved(before, after, "mlxd_cold_tier_restored_bytes_total", model=model_id) > 0
     # the new worker counts from zero; the router's totals never go down
     for counter in ("mlxd_hot_tier_hits_total", "mlxd_hot_tier_misses_total", "mlxd_hot_tier_inserts_total"):
         assert value(after, counter, model=model_id) >= value(before, counter, model=model_id), counter
-    wait_for(lambda: moved(before, scrape(service), "mlxd_ssd_restored_blocks_total", model=model_id) >= 2,
+    wait_for(lambda: moved(before, scrape(service), "mlxd_cold_tier_restored_blocks_total", model=model_id) >= 2,
              "restored blocks from the new worker's pongs")
-    assert value(scrape(service), "mlxd_cold_tier_hits_total", model=model_id) >= 2
+    last = scrape(service)
+    assert value(last, "mlxd_cold_tier_hits_total", model=model_id) >= 2
+    # the old names, until 0.2 (router/old_names.py): the same samples
+    for new, old in (("mlxd_cold_tier_restored_blocks_total", "mlxd_ssd_restored_blocks_total"),
+                     ("mlxd_cold_tier_restored_bytes_total", "mlxd_ssd_restored_bytes_total"),
+                     ("mlxd_cold_tier_restore_seconds_count", "mlxd_ssd_restore_seconds_count"),
+                     ("mlxd_cold_tier_read_timeouts_total", "mlxd_ssd_read_timeouts_total")):
+        assert (old, frozenset({("model", model_id)})) in last, old
+        assert value(last, old, model=model_id) == value(last, new, model=model_id), old
 
 
 def test_a_streaming_request_is_listed_live_and_counted_running(service: Service, model_id: str) -> None:

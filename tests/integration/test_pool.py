@@ -198,11 +198,13 @@ def check_status_schema(body: dict) -> None:
         assert set(request) == {"id", "model", "route", "user_agent", "state", "tokens", "prompt_tokens",
                                 "cached_tokens", "generated_tokens", "tok_s", "age_s"}
     assert set(body["totals"]) == {"requests", "generated_tokens", "prompt_tokens"}
-    assert set(body["totals"]["prompt_tokens"]) == {"hot", "ssd", "computed"}
+    assert set(body["totals"]["prompt_tokens"]) == {"hot", "cold", "computed", "ssd"}  # ssd: cold's old name
+    assert body["totals"]["prompt_tokens"]["ssd"] == body["totals"]["prompt_tokens"]["cold"]
     assert set(body["history"]) == {"interval_s", "hit_rate_window_s", "points"}
     for point in body["history"]["points"]:
         assert set(point) == {"t", "generated_tok_s", "prompt_tok_s", "requests_per_s", "hot_hit_rate",
-                              "ssd_hit_rate", "running", "queued"}
+                              "cold_hit_rate", "ssd_hit_rate", "running", "queued"}
+        assert point["ssd_hit_rate"] == point["cold_hit_rate"]  # the old name, until 0.2
 
 
 @pytest.fixture(scope="module")

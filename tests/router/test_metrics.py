@@ -11,6 +11,7 @@ from starlette.routing import Mount, Route
 from protocol.messages import FinishEvent, Timings, Usage
 from router.metrics import ChildCounters, History, Metrics, Totals
 from router.metrics_route import UNMATCHED, route_template
+from router.old_names import WithOldMetricNames
 from router.status_cli import format_top, sparkline
 
 
@@ -36,7 +37,7 @@ def _finish(prompt: int, cached: int, cold: int, completion: int) -> FinishEvent
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = generate_latest(metrics.registry).decode()
+    text = generate_latest(WithOldMetricNames(metrics.registry)).decode()  # as GET /metrics serves it
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
 
@@ -51,15 +52,20 @@ def test_a_generation_counts_its_prompt_tokens_by_source_and_its_timings() -> No
         return samples[(name, frozenset(labels.items()))]
 
     assert value("mlxd_prompt_tokens_total", model="m", source="hot") == 256
-    assert value("mlxd_prompt_tokens_total", model="m", source="ssd") == 512
+    assert value("mlxd_prompt_tokens_total", model="m", source="cold") == 512
+    assert ("mlxd_prompt_tokens_total", frozenset({("model", "m"), ("source", "ssd")})) not in samples  # no double
     assert value("mlxd_prompt_tokens_total", model="m", source="computed") == 232 + 100
     assert value("mlxd_generated_tokens_total", model="m") == 25
     assert value("mlxd_time_to_first_token_seconds_count", model="m") == 2
     assert value("mlxd_request_duration_seconds_sum", model="m") == 2.0
-    assert value("mlxd_ssd_restore_seconds_count", model="m") == 1  # only the request that restored
+    assert value("mlxd_cold_tier_restore_seconds_count", model="m") == 1  # only the request that restored
+    assert value("mlxd_cold_tier_restored_bytes_total", model="m") == 512_000
+    # the old names until 0.2 (router.old_names), every sample repeated
+    assert value("mlxd_ssd_restore_seconds_count", model="m") == 1
+    assert value("mlxd_ssd_restore_seconds_bucket", model="m", le="+Inf") == 1
     assert value("mlxd_ssd_restored_bytes_total", model="m") == 512_000
     assert metrics.totals.as_json() == {"requests": 2, "generated_tokens": 25,
-                                        "prompt_tokens": {"hot": 256, "ssd": 512, "computed": 332}}
+                                        "prompt_tokens": {"hot": 256, "cold": 512, "computed": 332, "ssd": 512}}
     assert not any(name.endswith("_created") for name, _ in samples)
 
 
@@ -68,12 +74,14 @@ def test_history_points_are_rates_and_trailing_hit_rates() -> None:
     totals = Totals()
     history.record(totals, 0, 0, now=100.0)
     totals.requests, totals.generated_tokens = 1, 40
-    totals.prompt_tokens.update(hot=300, ssd=100, computed=100)
+    totals.prompt_tokens.update(hot=300, cold=100, computed=100)
     history.record(totals, 2, 1, now=102.0)
     history.record(totals, 0, 0, now=104.0)
     first, second = history.points()
     assert first["generated_tok_s"] == 20.0 and first["prompt_tok_s"] == 250.0 and first["requests_per_s"] == 0.5
-    assert first["hot_hit_rate"] == 0.6 and first["ssd_hit_rate"] == 0.2 and (first["running"], first["queued"]) == (2, 1)
+    assert first["hot_hit_rate"] == 0.6 and first["cold_hit_rate"] == 0.2
+    assert (first["running"], first["queued"]) == (2, 1)
+    assert first["ssd_hit_rate"] == 0.2  # the old name, until 0.2
     assert second["generated_tok_s"] == 0.0 and second["hot_hit_rate"] == 0.6  # still within the 30 s window
     history.record(totals, 0, 0, now=200.0)
     assert history.points()[-1]["hot_hit_rate"] is None  # no prompt tokens in the last 30 s
@@ -102,15 +110,15 @@ def test_the_top_lines_match_the_dashboards_top_panel() -> None:
               "requests": [{"id": "a", "route": "/v1/chat/completions", "state": "decoding"},
                            {"id": "b", "route": "/v1/messages", "state": "queued"},
                            {"id": "c", "route": None, "state": "queued"}],
-              "totals": {"requests": 7, "generated_tokens": 90, "prompt_tokens": {"hot": 5, "ssd": 6, "computed": 7}},
+              "totals": {"requests": 7, "generated_tokens": 90, "prompt_tokens": {"hot": 5, "cold": 6, "computed": 7}},
               "history": {"hit_rate_window_s": 30, "points": [
-                  {"t": 0.0, "generated_tok_s": 0.0, "hot_hit_rate": None, "ssd_hit_rate": None},
-                  {"t": 2.0, "generated_tok_s": 30.0, "hot_hit_rate": 0.5, "ssd_hit_rate": 0.25}]}}
+                  {"t": 0.0, "generated_tok_s": 0.0, "hot_hit_rate": None, "cold_hit_rate": None},
+                  {"t": 2.0, "generated_tok_s": 30.0, "hot_hit_rate": 0.5, "cold_hit_rate": 0.25}]}}
     lines = format_top(status, "http://h:1")
     assert lines[0] == "mlxd 0.1.0 at http://h:1, up 1m05s"
     assert "[#####...............]" in lines[1]
     assert lines[2].startswith("requests: 7 served, 2 in flight (1 queued); tokens: 90 generated")
-    assert "prompt 5 hot / 6 SSD / 7 computed" in lines[2] and "50% hot, 25% SSD" in lines[2]
+    assert "prompt 5 hot / 6 cold / 7 computed" in lines[2] and "50% hot, 25% cold" in lines[2]
     assert lines[3].startswith("generated tok/s: 30.0 now, peak 30.0")
     assert sparkline([0, 1, 2, 4], width=4) == "▁▃▅█" and sparkline([0, 0]) == "▁▁" and sparkline([]) == ""
     assert len(sparkline(list(range(300)), width=60)) == 60

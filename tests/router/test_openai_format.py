@@ -8,8 +8,15 @@ from typing import Any
 
 import pytest
 
-from protocol.messages import Usage
-from router.api.openai_format import completion_body, model_card, stream_chunk, usage_body, usage_chunk
+from protocol.messages import Timings, Usage
+from router.api.openai_format import (
+    completion_body,
+    model_card,
+    stream_chunk,
+    timings_extension,
+    usage_body,
+    usage_chunk,
+)
 from router.sse import DONE, KEEPALIVE, KeepAliveTimer, sse_data
 
 USAGE = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=8)
@@ -98,3 +105,11 @@ def test_the_cache_block_says_why_tokens_missed() -> None:
                                      "model_changed": 0, "partial_block": 0, "evicted_hot_found_cold": 0}
     assert cache["divergence"] == {"token": 2071, "message_index": 3, "role": "user", "field": "content"}
     assert timings_extension(Timings(), Usage(5, 1))["cache"]["miss_reasons"] is None  # no prefix cache
+
+
+def test_the_mlxd_block_says_cold_and_keeps_the_old_ssd_names_until_0_2() -> None:
+    extension = timings_extension(Timings(cold_fetch_s=0.25), Usage(1000, 5, 768, 512, 512_000))
+    cache, timings = extension["cache"], extension["timings"]
+    assert (cache["cold_tokens"], cache["cold_bytes"], timings["cold_fetch_s"]) == (512, 512_000, 0.25)
+    assert (cache["ssd_tokens"], cache["ssd_bytes"], timings["ssd_fetch_s"]) == (512, 512_000, 0.25)
+    assert cache["uncached_tokens"] == 232

@@ -59,7 +59,7 @@ def flood(h: Harness, start: int, count: int = 6) -> None:
 
 
 def system_keys(h: Harness, add: AddRequest, num_tokens: int) -> list[bytes]:
-    ids = h.engine.prompt_ids(add)
+    ids = h.engine.questions.prompt_ids(add)
     return chain_keys(h.cache.fingerprint, ids, BLOCK, None)[: num_tokens // BLOCK]
 
 
@@ -72,7 +72,7 @@ def test_a_breakpoint_pins_its_prefix_through_other_traffic(harness: Harness) ->
     assert send(h, request("plain-2", 100, [])).usage.cached_tokens == 0
 
     marked = request("marked-1", 300, [CacheBreakpoint(message_index=0)])
-    (position,) = h.engine._admitter.breakpoints(marked, h.engine.prompt_ids(marked))
+    (position,) = h.engine._admitter.breakpoints(marked, h.engine.questions.prompt_ids(marked))
     keys = system_keys(h, marked, position.tokens)
     assert len(keys) >= 3
     first = send(h, marked)
@@ -110,8 +110,8 @@ def test_usage_splits_the_prompt_by_breakpoint_and_ttl(harness: Harness) -> None
     h = harness
     points = [CacheBreakpoint(TTL_1H_S, message_index=0, content_chars=40), CacheBreakpoint(message_index=1)]
     add = request("split-1", 600, points)
-    early, late = h.engine._admitter.breakpoints(add, h.engine.prompt_ids(add))
-    assert 0 < early.tokens < late.tokens < len(h.engine.prompt_ids(add))
+    early, late = h.engine._admitter.breakpoints(add, h.engine.questions.prompt_ids(add))
+    assert 0 < early.tokens < late.tokens < len(h.engine.questions.prompt_ids(add))
     usage = send(h, add).usage
     assert (usage.cached_tokens, usage.cache_creation_tokens, usage.cache_creation_1h_tokens) == (
         0, late.tokens, early.tokens)

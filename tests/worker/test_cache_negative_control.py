@@ -38,7 +38,7 @@ h = Harness(real)
 h.ask(question, max_tokens=16)
 hit, hit_finish = h.ask(question, max_tokens=16)
 # the negative control: the same hit with one early block's keys negated in every layer
-ids = h.engine.prompt_ids(AddRequest("probe", messages=question, sampling=SamplingParams()))
+ids = h.engine.questions.prompt_ids(AddRequest("probe", messages=question, sampling=SamplingParams()))
 key = chain_keys(real.fingerprint, ids, BLOCK, None)[1]
 payload, nbytes = h.cache.hot._entries[key]
 layers = tuple(replace(layer, arrays=(-layer.arrays[0], *layer.arrays[1:])) for layer in payload.layers)

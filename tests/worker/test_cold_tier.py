@@ -94,7 +94,7 @@ def test_blocks_read_ahead_restore_like_a_read_on_the_loop(kvstore: str, default
 
     reader = Harness(tiny, cold=ColdTier(kvstore, "tiny-ahead"))
     request = AddRequest("ahead", messages=question, sampling=SamplingParams(max_tokens=12, temperature=0.0))
-    prepared = reader.engine.prepare(request)
+    prepared = reader.engine.questions.prepare(request)
     assert prepared.read_ahead is not None and prepared.read_ahead.start == 0
     fetches_before = reader.cache.cold.stats.fetch_s
     reader.engine.add(request, prepared)
@@ -106,7 +106,7 @@ def test_blocks_read_ahead_restore_like_a_read_on_the_loop(kvstore: str, default
 
     # a fresh engine: the read-ahead claims to start at block 2, but blocks 0-1 are not hot
     gap = Harness(tiny, cold=ColdTier(kvstore, "tiny-ahead"))
-    ids = gap.engine.prompt_ids(request)
+    ids = gap.engine.questions.prompt_ids(request)
     ahead = gap.cache.read_ahead(ids, None)
     assert ahead is not None
     ahead.start = 2

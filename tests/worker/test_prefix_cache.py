@@ -172,7 +172,7 @@ def test_a_shuffled_cached_block_changes_the_answer(default_model_dir: Path) -> 
     scratch, _ = Harness(tiny, cache=False).ask(question, max_tokens=16)
     h = Harness(tiny)
     h.ask(question, max_tokens=16)
-    ids = h.engine.prompt_ids(AddRequest("probe", messages=question, sampling=SamplingParams()))
+    ids = h.engine.questions.prompt_ids(AddRequest("probe", messages=question, sampling=SamplingParams()))
     key = chain_keys(tiny.fingerprint, ids, BLOCK, None)[2]
     payload, nbytes = h.cache.hot._entries[key]
     order = mx.array(list(range(BLOCK))[::-1])

@@ -19,11 +19,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def probed(h: Harness, messages: list[dict]) -> tuple[int, int]:
-    """(cached tokens, of them from SSD) as the probe predicts them."""
-    found = h.engine.probe_cache(ProbeCache(AddRequest("probe", messages=messages)))
-    assert found.hot_tokens + found.ssd_tokens <= found.prompt_tokens
+    """(cached tokens, of them from the cold tier) as the probe predicts them."""
+    found = h.engine.questions.probe_cache(ProbeCache(AddRequest("probe", messages=messages)))
+    assert found.hot_tokens + found.cold_tokens <= found.prompt_tokens
     assert len(found.keys) == len(found.tiers) == found.prompt_tokens // BLOCK
-    return found.hot_tokens + found.ssd_tokens, found.ssd_tokens
+    return found.hot_tokens + found.cold_tokens, found.cold_tokens
 
 
 def served(h: Harness, messages: list[dict]) -> tuple[int, int]:
@@ -45,16 +45,16 @@ def test_the_probe_predicts_the_next_request(arch: str, default_model_dir: Path)
 
 
 @pytest.mark.parametrize("arch", ["llama", "lfm2"])
-def test_ssd_split_and_pins_with_a_kvstore(arch: str, kvstore: str, default_model_dir: Path) -> None:  # noqa: F811
+def test_cold_split_and_pins_with_a_kvstore(arch: str, kvstore: str, default_model_dir: Path) -> None:  # noqa: F811
     tiny = make_tiny(arch, default_model_dir)
     question = chat("What is topic 5?")
     writer = Harness(tiny, cold=ColdTier(kvstore, f"probe-{arch}"))
     cold, writer.cache.cold = writer.cache.cold, None
     writer.ask(question)  # computed with the cold tier out of the way: only the hot tier has its blocks
     writer.cache.cold = cold
-    found = writer.engine.probe_cache(ProbeCache(AddRequest("p", messages=question)))
+    found = writer.engine.questions.probe_cache(ProbeCache(AddRequest("p", messages=question)))
     keys = found.keys
-    assert found.cold_tier == "ok" and not any(found.on_ssd) and set(found.tiers) == {"hot"}
+    assert found.cold_tier == "ok" and not any(found.in_cold_tier) and set(found.tiers) == {"hot"}
     pinned = writer.cache.pin("snap", keys)
     assert pinned.hot_blocks == len(keys) and pinned.hot_bytes > 0
     stored = writer.cache.store_pinned(keys)  # writes what the kvstore lacks, and flushes
@@ -69,6 +69,8 @@ def test_ssd_split_and_pins_with_a_kvstore(arch: str, kvstore: str, default_mode
     reader = Harness(tiny, cold=ColdTier(kvstore, f"probe-{arch}"))  # as after a restart
     cached, cold = probed(reader, question)
     assert cold >= 4 * BLOCK and cached == cold  # no tail survives a restart
+    found = reader.engine.questions.probe_cache(ProbeCache(AddRequest("p", messages=question)))
+    assert found.tiers == ["cold"] * len(keys) and found.in_cold_tier == [True] * len(keys) and found.keys == keys
     assert served(reader, question) == (cached, cold)
     assert probed(reader, question)[1] == 0  # hot again
     reader.cache.cold.close()

@@ -168,7 +168,7 @@ function renderTop(status) {
   const last = points.length ? points[points.length - 1] : null;
   $("tok-s").textContent = last ? Number(last.generated_tok_s || 0).toFixed(1) : "-";
   $("hit-rate").textContent = last && last.hot_hit_rate !== null
-    ? `${percent(last.hot_hit_rate)} hot, ${percent(last.ssd_hit_rate)} SSD` : "-";
+    ? `${percent(last.hot_hit_rate)} hot, ${percent(last.cold_hit_rate)} cold` : "-";
   const top = drawSparkline($("throughput"), points.map((p) => [p.t, p.generated_tok_s]));
   $("throughput-max").textContent = top ? `(peak ${top.toFixed(1)})` : "";
   const memory = status.memory || {};
@@ -285,7 +285,7 @@ function drawHitChart(node, points) {
   }
   if (!points.length) return;
   const newest = points[points.length - 1].t;
-  for (const [field, color] of [["hot_hit_rate", "#e8793a"], ["ssd_hit_rate", "#2f6fde"]]) {
+  for (const [field, color] of [["hot_hit_rate", "#e8793a"], ["cold_hit_rate", "#2f6fde"]]) {
     let d = "", open = false;
     for (const p of points) {
       const value = p[field];
