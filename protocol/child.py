@@ -2,7 +2,7 @@
 worker and the kvstore: Hello, the parent's config, pings answered, and a stop (Shutdown,
 SIGTERM or the parent's death) obeyed at any time, the handshake included.
 
-The parent side is `router.child_supervisor`; a child says Hello, waits for its config
+The parent side is `router.children.child_supervisor`; a child says Hello, waits for its config
 message, loads, sends its own ready message, then answers Ping with Pong until told to stop.
 """
 

@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError
 from protocol.settings import layout_in_effect
 from router import old_names
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.reload import Reloader, ReloadRefused
-from router.worker_client import RequestStream
+from router.children.worker_client import RequestStream
 
 
 def _pool(request: Request) -> WorkerPool:

@@ -11,22 +11,23 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from router import admin, admin_cache, cache_probe, cache_snapshots, dashboard, metrics_route, openapi
+from router import admin, dashboard, metrics_route, openapi
+from router.cache_admin import admin_cache, cache_probe, cache_snapshots
 from router.api import health, models
 from router.api.registry import DIALECTS
 from router.api_keys import KeyState, key_ring
 from router.call_memory import CallMemory
-from router.auth import APIKeyMiddleware
-from router.body_limit import BodyLimitMiddleware
-from router.drain_gate import DrainGateMiddleware, DrainState
+from router.middleware.auth import APIKeyMiddleware
+from router.middleware.body_limit import BodyLimitMiddleware
+from router.middleware.drain_gate import DrainGateMiddleware, DrainState
 from router.reload import Reloader
-from router.request_id import RequestIdMiddleware
-from router.send_timeout import SendTimeoutMiddleware
-from router.startup_gate import StartupGateMiddleware, StartupState
+from router.middleware.request_id import RequestIdMiddleware
+from router.middleware.send_timeout import SendTimeoutMiddleware
+from router.middleware.startup_gate import StartupGateMiddleware, StartupState
 from router.config import RouterConfig
 from router.http_errors import EXCEPTION_HANDLERS
-from router.pool import WorkerPool
-from router.web_guard import web_middleware
+from router.children.pool import WorkerPool
+from router.middleware.web_guard import web_middleware
 
 
 def make_app(config: RouterConfig, pool: WorkerPool, drain: DrainState | None = None,

@@ -43,7 +43,7 @@ from router.config_file import (
 )
 from router.config_file import load_config, render_toml
 from router.config_values import ConfigError, flag_name
-from router.kvstore_supervisor import KVStoreStartupError
+from router.children.kvstore_supervisor import KVStoreStartupError
 from router.model_files import (
     ModelNotFound,
     UnknownName,
@@ -51,13 +51,13 @@ from router.model_files import (
     provision,
     resolve_model,
 )
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.reload import Reloader, ReloadRefused
 from router.server import RouterServer, make_server
 from router.service_file import find_service, remove_service_file, write_service_file
 from router.service_units import ServiceSettings
-from router.startup_gate import StartupState
-from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
+from router.middleware.startup_gate import StartupState
+from router.children.supervisor import DEFAULT_WORKER_COMMAND, WorkerStartupError
 
 logger = logging.getLogger(__name__)
 

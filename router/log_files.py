@@ -16,7 +16,7 @@ from pathlib import Path
 
 from protocol import log_format
 from protocol.messages import WORKER_ROLE
-from router.child_process import output_logger
+from router.children.child_process import output_logger
 from router.config import RouterConfig
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ their state, memory, sequences, the cache tiers, and each process's RSS.
 
 Only the router is scraped: what the workers and the kvstore know reaches it over the
 protocol it already speaks (pong stats, KVStats), see `router.metrics`. The route follows
-the admin routes' key rule (`router.auth`): with keys configured it needs a key that may
+the admin routes' key rule (`router.middleware.auth`): with keys configured it needs a key that may
 administer, as `/admin/status` does.
 """
 
@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.metrics import HIT_RATE_WINDOW_S
 from router.old_names import WithOldMetricNames
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 
 UNMATCHED = "unmatched"  # the route label of a path no route serves (scanners, typos): one series for all
 MODEL_STATES = ("unloaded", "provisioning", "converting", "loading", "idle", "ready", "restarting", "unloading",

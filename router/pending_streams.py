@@ -1,7 +1,7 @@
 """A request whose model is not ready yet, as its answer reads it.
 
 The answer starts at once (its headers, opening events and keep-alives, exactly as through
-a long prefill), while the request waits for its model (`router.model_waits`); once the
+a long prefill), while the request waits for its model (`router.children.model_waits`); once the
 model is ready, the request is checked, bound and sent to the worker, and its events follow.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from protocol.errors import RequestError
 from protocol.messages import ErrorEvent, Message
-from router.worker_client import RequestStream
+from router.children.worker_client import RequestStream
 
 
 class PendingStream:

@@ -24,7 +24,7 @@ from router.config import RouterConfig
 from router.config_file import SECRETS, load_config
 from router.config_values import ConfigError
 from router.model_settings import ModelSettings
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 

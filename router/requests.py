@@ -29,11 +29,11 @@ from protocol.messages import ErrorEvent, FinishEvent, Message, Ready
 from router.call_memory import CallMemory, GeneratedAnswer, mark_history
 from router.json_body import parse_json_body
 from router.pending_streams import PendingStream
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.profiles import Profile
-from router.supervisor import WorkerSupervisor
+from router.children.supervisor import WorkerSupervisor
 from router.validation import ParsedRequest, bad, check_against_model
-from router.worker_client import RequestStream
+from router.children.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ async def stream(request: Request, dialect: Dialect) -> Response:
     request.state.model = model_id  # the `model` label of mlxd_requests_total (router.metrics_route)
     parsed = dialect.parse(body, profile)
     _check_num_messages(parsed, request.app.state.config.max_messages)
-    request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.request_id)
+    request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.middleware.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
     pool.names.check_kind(model_id)
     supervisor = pool.waits.ready_now(model_id)

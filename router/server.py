@@ -10,11 +10,11 @@ import uvicorn
 
 from router.api_keys import KeyState
 from router.app import make_app
-from router.drain_gate import DrainState
+from router.middleware.drain_gate import DrainState
 from router.config import RouterConfig
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.reload import Reloader
-from router.startup_gate import StartupState
+from router.middleware.startup_gate import StartupState
 
 logger = logging.getLogger(__name__)
 

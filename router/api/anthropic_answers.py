@@ -42,7 +42,7 @@ from router.tool_calls import (
 )
 from router.tool_calls.late_parser import LateParser
 from router.validation import ParsedRequest
-from router.worker_client import RequestStream
+from router.children.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from router.api import anthropic_messages
 from router.api.anthropic_errors import answer_error
 from router.call_memory import mark_history
 from router.json_body import parse_json_body
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.profiles import Profile
 from router.requests import ask, model_name
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from router.pool import WorkerPool
-from router.web_guard import holds_key, states_only
+from router.children.pool import WorkerPool
+from router.middleware.web_guard import holds_key, states_only
 
 
 async def health(request: Request) -> Response:

@@ -15,7 +15,7 @@ from protocol.settings import layout_in_effect
 from router.api import anthropic_errors
 from router.api.openai_format import model_card
 from router.api.rerank import rerank_method
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.profiles import Profile
 
 

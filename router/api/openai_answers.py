@@ -38,7 +38,7 @@ from router.api.openai_tool_calls import tool_call_answer
 from router.http_errors import error_body, request_error_body, worker_dead_body
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
 from router.validation import ParsedRequest
-from router.worker_client import RequestStream
+from router.children.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
 

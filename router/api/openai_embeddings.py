@@ -18,7 +18,7 @@ from protocol.messages import EmbeddingsEvent, EmbedRequest
 from router.api import schemas
 from router.api.dialect_entry import DialectEntry, Endpoint
 from router.json_body import parse_json_body
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.requests import ask, model_name
 from router.validation import MAX_TOKEN_ID, bad, flag, integer, is_int, optional_str, short
 

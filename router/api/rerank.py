@@ -17,7 +17,7 @@ from router.api import schemas
 from router.api.dialect_entry import DialectEntry, Endpoint
 from router.api.openai_embeddings import MAX_INPUTS
 from router.json_body import parse_json_body
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.requests import ask, model_name
 from router.validation import bad, flag, integer, short
 

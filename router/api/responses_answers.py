@@ -28,7 +28,7 @@ from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta, ToolCallParser
 from router.tool_calls.late_parser import LateParser
 from router.validation import ParsedRequest
-from router.worker_client import RequestStream
+from router.children.worker_client import RequestStream
 
 logger = logging.getLogger(__name__)
 

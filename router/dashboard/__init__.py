@@ -1,7 +1,7 @@
 """The dashboard at `GET /admin`: static HTML, JavaScript and CSS (no build step, nothing
 fetched from elsewhere) that polls the router's own `/admin/status` and calls the existing
 `/admin/models/...` and `/admin/workers/.../restart` routes. The files carry no data, so
-they are served without a key (`router.auth`); the page asks for the admin key when the
+they are served without a key (`router.middleware.auth`); the page asks for the admin key when the
 service answers 401 or 403 and keeps it in the tab's sessionStorage."""
 
 from __future__ import annotations

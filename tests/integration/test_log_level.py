@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from router.child_process import line_level
+from router.children.child_process import line_level
 from tests.integration.service import Service
 
 pytestmark = pytest.mark.timeout(300)

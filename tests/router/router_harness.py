@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from router.config import make_config
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.server import RouterServer, make_server
 
 FAKE_WORKER = (sys.executable, str(Path(__file__).with_name("fake_worker.py")))

@@ -13,7 +13,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from router.api_keys import KeyState, client_key, key_ring, parse_key_file
-from router.auth import APIKeyMiddleware
+from router.middleware.auth import APIKeyMiddleware
 from router.config import make_config
 from router.config_values import ConfigError
 from router.http_errors import EXCEPTION_HANDLERS

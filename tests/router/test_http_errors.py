@@ -1,4 +1,4 @@
-"""router.http_errors and router.auth: every error is OpenAI-shaped JSON, never HTML."""
+"""router.http_errors and router.middleware.auth: every error is OpenAI-shaped JSON, never HTML."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from protocol.errors import RequestError, WorkerDead
 from router.api_keys import ApiKey, KeyRing, KeyState
-from router.auth import APIKeyMiddleware
+from router.middleware.auth import APIKeyMiddleware
 from router.http_errors import EXCEPTION_HANDLERS, error_body, request_error_response, worker_dead_response
 
 ERROR_KEYS = {"message", "type", "param", "code"}

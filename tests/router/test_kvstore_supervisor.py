@@ -25,8 +25,8 @@ from protocol.messages import PROTOCOL_VERSION, Hello, KVStoreConfig, StartupFai
 from protocol.settings import KVStoreSettings
 from protocol.sockets import ipc_address, make_runtime_dir, make_socket
 from router.config import RouterConfig, make_config
-from router.kvstore_supervisor import KVStoreStartupError, KVStoreSupervisor
-from router.worker_client import WorkerClient
+from router.children.kvstore_supervisor import KVStoreStartupError, KVStoreSupervisor
+from router.children.worker_client import WorkerClient
 from tests.kvstore.helpers import REPO
 
 pytestmark = pytest.mark.timeout(60)

@@ -62,14 +62,14 @@ def test_a_bad_rotation_setting_names_its_key(tmp_path: Path, key: str, value: i
 ROUTER = """
 import asyncio, logging, sys
 from pathlib import Path
-from router.child_process import ChildProcess
+from router.children.child_process import ChildProcess
 from router.config import make_config
 from router.log_files import child_log_env, configure_router_logging, open_router_log
 
 config = make_config({"home": Path(sys.argv[1]), "log_format": sys.argv[2]})
 configure_router_logging("info", config.log_format)
 open_router_log(config)
-logging.getLogger("router.pool").info("router line")
+logging.getLogger("router.children.pool").info("router line")
 CHILD = ("from protocol.log_format import configure_child_logging; configure_child_logging('worker[m#1]')\\n"
          "import logging; log = logging.getLogger('worker.engine'); log.info('child line'); log.debug('hidden')\\n"
          "print('Fatal Python error: Segmentation fault', flush=True)")
@@ -106,7 +106,7 @@ def test_child_lines_pass_through_once_and_stay_out_of_router_log(tmp_path: Path
         assert (entry["role"], entry["level"]) == ("router", "WARNING")
         assert entry["msg"] == "worker[m#1]| Fatal Python error: Segmentation fault"
     else:
-        assert crash.endswith(" WARNING router router.child_process: worker[m#1]| Fatal Python error: "
+        assert crash.endswith(" WARNING router router.children.child_process: worker[m#1]| Fatal Python error: "
                               "Segmentation fault")
 
 

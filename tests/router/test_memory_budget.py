@@ -1,4 +1,4 @@
-"""router.memory_budget: what a model needs, what the loaded ones are charged, and which
+"""router.children.memory_budget: what a model needs, what the loaded ones are charged, and which
 one makes room, on plain records (no process): the least recently used idle unpinned model."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from protocol.errors import RequestError
 from router.config import make_config
-from router.memory_budget import AllBusy, LoadedModel, MemoryBudget
+from router.children.memory_budget import AllBusy, LoadedModel, MemoryBudget
 from router.model_registry import RUNTIME_OVERHEAD_BYTES, ModelEntry
 
 MB = 1 << 20

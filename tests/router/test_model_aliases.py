@@ -15,7 +15,7 @@ from router import cli
 from router.config import ConfigError, make_config
 from router.config_file import load_config, render_toml
 from router.model_aliases import DEFAULT_TARGET, match_alias
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from tests.router.router_harness import FAKE_WORKER, MODEL_ID
 
 

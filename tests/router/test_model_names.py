@@ -1,4 +1,4 @@
-"""router.model_names: what a requested name means, tested on tables alone (no process,
+"""router.children.model_names: what a requested name means, tested on tables alone (no process,
 no model directory): models, aliases, profiles, patterns, the 404 and the 400's text."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from protocol.errors import RequestError
 from router.config import make_config
-from router.model_names import ModelNames
+from router.children.model_names import ModelNames
 from router.model_registry import ModelEntry
 
 MB = 1 << 20

@@ -1,4 +1,4 @@
-"""router.model_waits and router.pending_streams on fake workers: requests for a model that
+"""router.children.model_waits and router.pending_streams on fake workers: requests for a model that
 is not ready wait for it (one load for all of them), with their route's keep-alives, and
 only a failed load or a wait past load_timeout_s is an error."""
 
@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from protocol.errors import RequestError
-from router.model_waits import ModelWaits
+from router.children.model_waits import ModelWaits
 from tests.router.router_harness import MODEL_ID, RunningRouter, start_router
 
 pytestmark = pytest.mark.timeout(60)
@@ -56,12 +56,12 @@ def ask_all(router: RunningRouter, names: list[str]) -> dict[str, httpx.Response
 
 
 def num_loads(caplog: pytest.LogCaptureFixture) -> int:
-    return sum(1 for r in caplog.records if r.name == "router.pool" and r.getMessage().startswith(f"loading {MODEL_ID}"))
+    return sum(1 for r in caplog.records if r.name == "router.children.pool" and r.getMessage().startswith(f"loading {MODEL_ID}"))
 
 
 def test_concurrent_requests_for_an_unloaded_model_start_one_load_and_are_all_served(
         model_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="router.pool")
+    caplog.set_level("INFO", logger="router.children.pool")
     for running in start_router(model_dir, monkeypatch, worker_env={"FAKE_WORKER_LOAD_S": "1.5"}, preload=False):
         assert MODEL_ID not in running.pool.supervisors
         answers = ask_all(running, list(REQUESTS))
@@ -85,7 +85,7 @@ def test_concurrent_requests_for_an_unloaded_model_start_one_load_and_are_all_se
 
 def test_a_failed_load_answers_every_waiter_at_once(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                                    caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("INFO", logger="router.pool")
+    caplog.set_level("INFO", logger="router.children.pool")
     # a long keep-alive interval: the failure comes before any answer started, as real statuses
     for running in start_router(model_dir, monkeypatch, worker_env={"FAKE_WORKER_START": "fail"}, preload=False,
                                 sse_keepalive_s=20.0):
@@ -194,7 +194,7 @@ def test_waiters_share_one_load_and_one_gone_stops_nothing() -> None:
 
 
 def test_a_failed_load_fails_every_waiter_and_the_next_request_tries_again() -> None:
-    from router.supervisor import WorkerStartupError
+    from router.children.supervisor import WorkerStartupError
 
     pool = FakePool(failure=WorkerStartupError("bad weights"))
 

@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from router.app import make_app
 from router.config import make_config
 from router.openapi import openapi_document
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 
 
 def _app(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""router.pool with fake workers (real processes, no MLX): three models under a budget
+"""router.children.pool with fake workers (real processes, no MLX): three models under a budget
 that holds two; loading the third evicts the least recently used, the one the requests
 left alone, not merely the first loaded."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from router.config import make_config
 from router.model_registry import RUNTIME_OVERHEAD_BYTES
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from tests.router.router_harness import FAKE_WORKER, FAST
 
 pytestmark = pytest.mark.timeout(120)

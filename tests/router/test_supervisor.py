@@ -1,4 +1,4 @@
-"""router.supervisor: startup failures fail fast, dead or hung workers fail their requests at
+"""router.children.supervisor: startup failures fail fast, dead or hung workers fail their requests at
 once and are restarted with backoff, and shutdown ends every child."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from router.config import make_config
-from router.pool import WorkerPool
-from router.supervisor import WorkerStartupError
+from router.children.pool import WorkerPool
+from router.children.supervisor import WorkerStartupError
 from tests.router.router_harness import FAST, FAKE_WORKER, MODEL_ID, RunningRouter, start_router
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,7 +146,7 @@ def test_crash_loop_gives_up_and_reports_down(model_dir: Path, monkeypatch: pyte
 def test_backoff_doubles_up_to_its_cap(model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                        caplog: pytest.LogCaptureFixture) -> None:
     mode_file = tmp_path / "mode"
-    caplog.set_level("WARNING", logger="router.supervisor")
+    caplog.set_level("WARNING", logger="router.children.supervisor")
     for running in start_router(model_dir, monkeypatch, worker_env={"FAKE_WORKER_START_FILE": str(mode_file)},
                                 restart_backoff_s=0.1, restart_backoff_max_s=0.4, max_start_failures=4):
         mode_file.write_text("die")

@@ -1,4 +1,4 @@
-"""router.web_guard: what a web page may make the router do (Host, Origin, Content-Type,
+"""router.middleware.web_guard: what a web page may make the router do (Host, Origin, Content-Type,
 CORS), over a tiny app with the real middleware stack; /health without the key, and the
 wiring, through the real router in front of a fake worker."""
 
@@ -19,10 +19,10 @@ from starlette.testclient import TestClient
 
 from router import cli
 from router.api_keys import KeyState, key_ring
-from router.auth import APIKeyMiddleware
+from router.middleware.auth import APIKeyMiddleware
 from router.config import ConfigError, make_config
 from router.http_errors import EXCEPTION_HANDLERS
-from router.web_guard import split_authority, web_middleware
+from router.middleware.web_guard import split_authority, web_middleware
 from tests.router.router_harness import MODEL_ID, RunningRouter, start_router
 
 pytestmark = pytest.mark.timeout(60)

@@ -14,7 +14,7 @@ from protocol.codec import decode
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import AddRequest, SamplingParams
 from protocol.sockets import ipc_address, make_socket
-from router.worker_client import WorkerClient
+from router.children.worker_client import WorkerClient
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,7 +1,7 @@
 """While the service starts (the port opens before the pinned and command-line models
 are loaded), `/health` says `starting` and API requests are held until the pool takes
 requests (its kvstore is up): from there they wait for their model like any request
-(`router.model_waits`), with their route's keep-alives, rather than being refused. An agent
+(`router.children.model_waits`), with their route's keep-alives, rather than being refused. An agent
 launched at login with the service gets its answer, a bit later. Probes and `/admin/*`
 pass at once, so people and scripts can watch the load.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router.auth import is_admin_path
+from router.middleware.auth import is_admin_path
 from router.http_errors import error_response_for
 
 OPEN_PATHS = frozenset({"/health", "/api/hello"})

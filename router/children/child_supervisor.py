@@ -26,10 +26,10 @@ from protocol.messages import (
     Shutdown,
     StartupFailed,
 )
-from router.child_process import ChildProcess, describe_exit
+from router.children.child_process import ChildProcess, describe_exit
 from router.config import RouterConfig
 from router.log_files import child_log_env
-from router.worker_client import WorkerClient
+from router.children.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError
 from protocol.messages import FinishEvent, PinPrefix, PrefixPinned, SamplingParams
 from router import old_names
-from router.cache_probe import WORKER_ANSWER_TIMEOUT_S, probe_body, probe_prompt, prompt_request
+from router.cache_admin.cache_probe import WORKER_ANSWER_TIMEOUT_S, probe_body, probe_prompt, prompt_request
 from router.json_body import parse_json_body
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.requests import ask
 from router.validation import bad, short
 

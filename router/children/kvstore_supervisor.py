@@ -1,6 +1,6 @@
 """Keeps the kvstore process (the SSD cold tier shared by all workers) running.
 
-It is supervised like a worker (`router.child_supervisor`): Hello -> `KVStoreConfig` ->
+It is supervised like a worker (`router.children.child_supervisor`): Hello -> `KVStoreConfig` ->
 `KVStoreReady` over the router's worker socket, then pings. The kvstore binds its own
 socket; workers connect to it directly, treat it as a miss while it is down, and ZeroMQ
 reconnects them to the next one. The router also asks it for stats, and stops it last so
@@ -41,9 +41,9 @@ from protocol.messages import (
     Message,
 )
 from protocol.sockets import ipc_address, make_socket
-from router.child_supervisor import ChildStartupError, ChildSupervisor
+from router.children.child_supervisor import ChildStartupError, ChildSupervisor
 from router.config import RouterConfig
-from router.worker_client import WorkerClient
+from router.children.worker_client import WorkerClient
 
 logger = logging.getLogger(__name__)
 

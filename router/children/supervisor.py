@@ -1,5 +1,5 @@
 """Supervision of one model's worker process, on the shared child lifecycle
-(`router.child_supervisor`): what to start, what to send after Hello, what READY means.
+(`router.children.child_supervisor`): what to start, what to send after Hello, what READY means.
 
 A worker that dies or stops answering pings for `ping_timeout_s` fails its in-flight
 requests at once and is restarted with exponential backoff.
@@ -23,9 +23,9 @@ from protocol.messages import (
     WorkerConfig,
 )
 from protocol.settings import layout_in_effect
-from router.child_supervisor import ChildStartupError, ChildSupervisor
+from router.children.child_supervisor import ChildStartupError, ChildSupervisor
 from router.config import RouterConfig
-from router.worker_client import RequestStream, StreamRequest, WorkerClient
+from router.children.worker_client import RequestStream, StreamRequest, WorkerClient
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 budget, pins, idle TTLs, and the kvstore all workers share.
 
 The pool runs the lifecycle (load, unload, acquire, drain, stop); what a name means is
-`router.model_names`' answer, and which model makes room is `router.memory_budget`'s.
+`router.children.model_names`' answer, and which model makes room is `router.children.memory_budget`'s.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ from protocol.locks import FileLock
 from protocol.sockets import claim_runtime_dir, ipc_address
 from router import model_registry
 from router.config import RouterConfig
-from router.kvstore_supervisor import KVStoreSupervisor
+from router.children.kvstore_supervisor import KVStoreSupervisor
 from router.metrics import HISTORY_INTERVAL_S, Metrics
 from router.model_files import ModelNotFound, convert_once, provision
-from router.memory_budget import AllBusy, LoadedModel, MemoryBudget, insufficient_memory
-from router.model_names import ModelNames
+from router.children.memory_budget import AllBusy, LoadedModel, MemoryBudget, insufficient_memory
+from router.children.model_names import ModelNames
 from router.model_registry import ModelEntry
-from router.model_waits import ModelWaits
+from router.children.model_waits import ModelWaits
 from router.profiles import Profile
-from router.supervisor import DEFAULT_WORKER_COMMAND, WorkerSupervisor
-from router.worker_client import RequestStream, WorkerClient
+from router.children.supervisor import DEFAULT_WORKER_COMMAND, WorkerSupervisor
+from router.children.worker_client import RequestStream, WorkerClient
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class WorkerPool:
         return supervisor
 
     async def acquire(self, model_id: str, kinds: Sequence[str] = ("chat",), task: str = "completions") -> WorkerSupervisor:
-        """The worker of a model id from `resolve` once ready (`router.model_waits`); a 400 unless it can serve `task`."""
+        """The worker of a model id from `resolve` once ready (`router.children.model_waits`); a 400 unless it can serve `task`."""
         self.names.check_kind(model_id, kinds, task)
         self.last_used[model_id] = time.time()
         return await self.waits.until_ready(model_id)

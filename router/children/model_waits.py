@@ -12,7 +12,7 @@ from typing import Protocol
 
 from protocol.errors import RequestError
 from router.config import RouterConfig
-from router.supervisor import WorkerStartupError, WorkerSupervisor
+from router.children.supervisor import WorkerStartupError, WorkerSupervisor
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ POLL_S = 0.05  # how often a waiter looks at its model's state: the latency a wa
 
 
 class Models(Protocol):
-    """What a wait needs of the pool (`router.pool.WorkerPool`)."""
+    """What a wait needs of the pool (`router.children.pool.WorkerPool`)."""
 
     config: RouterConfig
     supervisors: dict[str, WorkerSupervisor]

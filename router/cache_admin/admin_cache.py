@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 from protocol.errors import RequestError, WorkerDead
 from protocol.messages import CacheCleared, ClearCache
 from router.json_body import parse_json_body
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.requests import ask
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from router.api.openai_format import misses_body
 from router.api.registry import prompt_dialects
 from router.call_memory import mark_history
 from router.json_body import parse_json_body
-from router.pool import WorkerPool
+from router.children.pool import WorkerPool
 from router.requests import ask, model_name
 from router.validation import bad
 

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.api_keys import KeyRing, KeyState
-from router.auth import supplied_key
+from router.middleware.auth import supplied_key
 from router.config import RouterConfig
 from router.http_errors import error_response
 
