@@ -151,3 +151,14 @@ def test_the_ssd_guard_sees_each_kind_of_spelling(tmp_path: Path) -> None:
         assert ssd_spellings(module), code
     module.write_text('"""Blocks read from SSD."""\nlog.info("%d pending SSD writes", n)\ncold_tokens = 1\n')
     assert ssd_spellings(module) == []
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_over_400_lines() -> None:
+    """Small modules named for what they hold: a module past 400 lines holds two ideas."""
+    roots = ("router", "worker", "kvstore", "protocol", "models")
+    long = {str(p.relative_to(REPO)): n for p in python_files(*roots)
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"split these by what they hold: {long}"
