@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from bench.agent_clients import CLAUDE_PKG, CODEX_PKG, OPENCODE_PKG, Missing, ensure_clis
-from router.launch_clients import CLAUDE_ALIAS
+from router.cli.launch_clients import CLAUDE_ALIAS
 from tests.integration.service import REPO, free_port
 
 pytestmark = pytest.mark.timeout(3600)

@@ -21,7 +21,7 @@ import openai
 import psutil
 import pytest
 
-from router.service_file import find_service, read_service_file
+from router.cli.service_file import find_service, read_service_file
 from tests.integration.service import REPO, Service, free_port
 
 pytestmark = pytest.mark.timeout(300)

@@ -100,7 +100,7 @@ def test_other_handlers_see_the_record_unchanged(captured: tuple[logging.Logger,
 
 
 @pytest.mark.parametrize("setup", [
-    "from router.cli import configure_logging; configure_logging('info')",
+    "from router.cli.serve import configure_logging; configure_logging('info')",
     "from protocol.log_format import configure_logging; configure_logging('INFO', 'worker[m%s\\n]')",
 ])
 def test_a_process_logs_one_line_per_record(setup: str) -> None:

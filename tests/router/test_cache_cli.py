@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.cache_cli import format_cleared, format_stats
+from router.cli.cache import format_cleared, format_stats
 
 STATS = {
     "models": [

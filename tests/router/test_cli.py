@@ -1,7 +1,8 @@
-"""router.cli: argument parsing, help, refusals with clear errors, model resolution."""
+"""router.cli (the `mlxd` command): argument parsing, help, refusals with clear errors, model resolution."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -14,7 +15,11 @@ import httpx
 import pytest
 
 from router import cli, model_files
-from router.config import make_config
+from router.cli.mlxd import build_parser
+from router.cli.serve import listen_socket
+from router.cli.settings_flags import config_from_args, given_flags
+from router.config import RENAMED_SETTINGS, make_config, setting_fields
+from router.config_file import API_KEY_ENV
 from router.model_files import ModelNotFound, resolve_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,14 +68,14 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     (["serve", "--host", "0.0.0.0", "--api-key", "k"], {"host": "0.0.0.0", "api_key": "k"}),
 ])
 def test_flags_override_defaults(argv: list[str], expected: dict[str, object]) -> None:
-    config = cli.config_from_args(cli.build_parser().parse_args(argv))
+    config = config_from_args(build_parser().parse_args(argv))
     assert config == make_config(expected)
 
 
 def test_api_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(cli.API_KEY_ENV, "from-env")
-    args = cli.build_parser().parse_args(["serve", "--host", "0.0.0.0"])
-    assert cli.config_from_args(args).api_key == "from-env"
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0"])
+    assert config_from_args(args).api_key == "from-env"
 
 
 @pytest.mark.parametrize("argv, flag", [
@@ -80,7 +85,7 @@ def test_api_key_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_invalid_values_name_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert f"error: {flag}:" in err
@@ -91,6 +96,42 @@ def test_argparse_refusals(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 2
+
+
+def leaf_commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every runnable subcommand's parser, by its words (`config show`)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.update(leaf_commands(sub, f"{prefix} {name}".strip()))
+    return found or {prefix: parser}
+
+
+def test_each_subcommand_has_its_handler() -> None:
+    commands = leaf_commands(build_parser())
+    assert {"serve", "config show", "convert", "pull", "models list", "rm", "service", "status", "wait", "cache",
+            "logs", "launch"} == set(commands)
+    assert all(callable(sub.get_default("run")) for sub in commands.values())
+
+
+def test_a_subcommands_own_argument_is_never_taken_for_a_setting() -> None:
+    """What is a setting comes from the config's fields: an argument of a subcommand's own
+    named like one (`dest="model"`) would override that setting from every run of it."""
+    settings = setting_fields().keys() | RENAMED_SETTINGS.keys()
+    for words, sub in leaf_commands(build_parser()).items():
+        if words == "convert":  # reads no settings: its --dtype is the converter's
+            continue
+        wrong = [a.dest for a in sub._actions if a.dest in settings and a.default is not argparse.SUPPRESS]
+        assert not wrong, f"`mlxd {words}`: {wrong} would be read as settings; give them another dest"
+
+
+def test_only_settings_are_given_flags() -> None:
+    args = build_parser().parse_args(["launch", "codex", "--model", "m", "--client-path", "/bin/true", "--print",
+                                      "--home", "/h", "--port", "9", "--log-dir", "/l"])
+    assert given_flags(args) == {"home": "/h", "port": 9, "log_dir": "/l"}
+    args = build_parser().parse_args(["status", "--json", "--watch", "--count", "2", "--admin-key", "k"])
+    assert given_flags(args) == {"admin_key": "k"}
 
 
 def test_non_loopback_refused_end_to_end() -> None:
@@ -253,7 +294,7 @@ def test_pull_lists_known_names_through_the_real_provisioner(tmp_path: Path) -> 
 RUN_ROUTER = """
 import asyncio, sys
 from pathlib import Path
-from router.cli import configure_logging, run_router
+from router.cli.serve import configure_logging, run_router
 from router.config import make_config
 from tests.router.router_harness import FAKE_WORKER, FAST
 configure_logging("info")
@@ -323,7 +364,7 @@ def test_signal_while_loading_stops_promptly(tmp_path: Path) -> None:
 def test_accepted_connections_send_without_waiting_for_acks() -> None:
     """The listening socket has TCP_NODELAY, which accepted connections inherit: without
     it a keep-alive client waited ~40 ms (its delayed ACK) for each answer's second write."""
-    listener = cli._listen_socket("127.0.0.1", 0)
+    listener = listen_socket("127.0.0.1", 0)
     try:
         listener.listen(1)
         client = socket.create_connection(listener.getsockname())

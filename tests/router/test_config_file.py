@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 from router import cli, config as config_module
+from router.cli import serve
+from router.cli.mlxd import build_parser
+from router.cli.settings_flags import given_flags
 from router.config import (
     TABLES,
     MEMORY_RESERVE_BYTES,
@@ -78,7 +81,7 @@ def write(tmp_path: Path, text: str, name: str = "config.toml") -> Path:
 
 def flags(*argv: str) -> dict[str, Any]:
     """What `mlxd serve ARGV` hands to load_config: the given flags, parsed by the real parser."""
-    return cli.given_flags(cli.build_parser().parse_args(["serve", *argv]))
+    return given_flags(build_parser().parse_args(["serve", *argv]))
 
 
 def load(*argv: str) -> LoadedConfig:
@@ -245,7 +248,7 @@ def test_bad_flag_is_blamed_on_the_flag_not_the_file(tmp_path: Path) -> None:
 def test_cli_refuses_bad_config_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch, argv: list[str], text: str,
                                                expected: list[str]) -> None:
-    monkeypatch.setattr(cli, "serve", lambda config, flags=None: pytest.fail("must not start serving"))
+    monkeypatch.setattr(serve, "serve", lambda config, flags=None: pytest.fail("must not start serving"))
     path = write(tmp_path, text + "\n", "bad.toml")
     assert cli.main([*argv, "--config", str(path)]) == 2
     err = capsys.readouterr().err
@@ -255,14 +258,14 @@ def test_cli_refuses_bad_config_naming_the_key(tmp_path: Path, capsys: pytest.Ca
 
 def test_cli_refuses_missing_explicit_config(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "serve", lambda config, flags=None: pytest.fail("must not start serving"))
+    monkeypatch.setattr(serve, "serve", lambda config, flags=None: pytest.fail("must not start serving"))
     assert cli.main(["serve", "--config", str(tmp_path / "nope.toml")]) == 2
     assert "error: --config: no such file" in capsys.readouterr().err
 
 
 def test_cli_serves_with_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[RouterConfig] = []
-    monkeypatch.setattr(cli, "serve", lambda config, flags=None: started.append(config) or 0)
+    monkeypatch.setattr(serve, "serve", lambda config, flags=None: started.append(config) or 0)
     path = write(tmp_path, "port = 8123\nmax_queue = 3\n")
     assert cli.main(["serve", "--config", str(path), "--max-queue", "5"]) == 0
     assert (started[0].port, started[0].worker.max_queue, started[0].config) == (8123, 5, path)
@@ -417,7 +420,7 @@ def test_old_names_still_work_with_a_warning(tmp_path: Path) -> None:
 
 def test_old_and_new_name_together_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli, "serve", lambda config, flags=None: pytest.fail("must not start serving"))
+    monkeypatch.setattr(serve, "serve", lambda config, flags=None: pytest.fail("must not start serving"))
     path = write(tmp_path, "hot_cache_bytes = 1\nhot_tier_bytes = 2\n")
     assert cli.main(["serve", "--config", str(path)]) == 2
     assert "hot_cache_bytes: is the old name of hot_tier_bytes" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from router import cli
+from router.cli import serve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def held_home(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     """A home whose lock a live process holds (as a serving mlxd would)."""
     home = tmp_path / "home"
     home.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(home / cli.HOME_LOCK)], cwd=REPO,
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(home / serve.HOME_LOCK)], cwd=REPO,
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     yield home, holder.pid
@@ -70,23 +70,23 @@ def test_claim_home_makes_it_private_and_holds_it(tmp_path: Path, capsys: pytest
     home = tmp_path / "home"
     home.mkdir(mode=0o755)
     home.chmod(0o755)  # as an older version left it
-    lock = cli.claim_home(home)
+    lock = serve.claim_home(home)
     assert lock is not None
     try:
         assert stat.S_IMODE(home.stat().st_mode) == 0o700
-        assert stat.S_IMODE((home / cli.HOME_LOCK).stat().st_mode) == 0o600
-        assert cli.claim_home(home) is None  # even from this process: one holder at a time
+        assert stat.S_IMODE((home / serve.HOME_LOCK).stat().st_mode) == 0o600
+        assert serve.claim_home(home) is None  # even from this process: one holder at a time
         assert f"another mlxd (pid {os.getpid()})" in capsys.readouterr().err
     finally:
         lock.release()
-    second = cli.claim_home(home)
+    second = serve.claim_home(home)
     assert second is not None
     second.release()
 
 
 def test_a_new_home_is_private(tmp_path: Path) -> None:
     home = tmp_path / "a" / "home"
-    lock = cli.claim_home(home)
+    lock = serve.claim_home(home)
     assert lock is not None
     lock.release()
     assert stat.S_IMODE(home.stat().st_mode) == 0o700

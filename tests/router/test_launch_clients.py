@@ -1,4 +1,4 @@
-"""What `mlxd launch` sets for each client (router/launch_clients.py), without processes."""
+"""What `mlxd launch` sets for each client (router/cli/launch_clients.py), without processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from router.launch_clients import (
+from router.cli.launch_clients import (
     CLAUDE_ALIAS,
     CLAUDE_MODEL_VARIABLES,
     Target,

@@ -17,7 +17,8 @@ import pytest
 from protocol.log_format import PrivateRotatingFileHandler, make_formatter
 from router.config import make_config
 from router.log_files import worker_log_name
-from router.logs_cli import FileFollower, logs_command, merge, records, tail
+from router.cli.log_records import FileFollower, merge, records, tail
+from router.cli.logs import logs_command
 
 REPO = Path(__file__).resolve().parents[2]
 START = 1_800_000_000.0  # the time of the first record each test writes

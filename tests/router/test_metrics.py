@@ -11,8 +11,8 @@ from starlette.routing import Mount, Route
 from protocol.messages import FinishEvent, Timings, Usage
 from router.metrics import ChildCounters, History, Metrics, Totals
 from router.metrics_route import UNMATCHED, route_template
+from router.cli.status import format_top, sparkline
 from router.old_names import WithOldMetricNames
-from router.status_cli import format_top, sparkline
 
 
 def test_child_counters_stay_monotonic_when_a_child_restarts() -> None:

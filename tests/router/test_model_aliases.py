@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from protocol.errors import RequestError
-from router import cli
+from router.cli.mlxd import build_parser
+from router.cli.settings_flags import config_from_args
 from router.config import ConfigError, make_config
 from router.config_file import load_config, render_toml
 from router.model_aliases import DEFAULT_TARGET, match_alias
@@ -44,10 +45,10 @@ def test_config_file_table_keeps_its_order(tmp_path: Path) -> None:
 
 
 def test_repeated_flags_give_pattern_model_pairs(tmp_path: Path) -> None:
-    args = cli.build_parser().parse_args(
+    args = build_parser().parse_args(
         ["serve", "--home", str(tmp_path), "--model-aliases", "claude-*-haiku-*=smol",
          "--model-aliases", "claude-*=big"])
-    config = cli.config_from_args(args)
+    config = config_from_args(args)
     assert list(config.model_aliases.items()) == [("claude-*-haiku-*", "smol"), ("claude-*", "big")]
 
 

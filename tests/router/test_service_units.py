@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from router.service_cli import plan
-from router.service_units import ServiceSettings, launchd_plist, systemd_quote, systemd_unit
+from router.cli.service import plan
+from router.cli.service_units import ServiceSettings, launchd_plist, systemd_quote, systemd_unit
 
 EXECUTABLE = Path(sys.executable).parent / "mlxd"
 SETTINGS = ServiceSettings(executable=EXECUTABLE, home=Path("/Users/me/mlxd home"), host="127.0.0.1", port=8123,

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from router.status_cli import duration, format_status, size
+from router.cli.status import format_status
+from router.cli.tables import duration, size
 
 STATUS = {
     "version": "0.1.0", "uptime_s": 812.4,

@@ -17,8 +17,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from router import cli
 from router.api_keys import KeyState, key_ring
+from router.cli.mlxd import build_parser
+from router.cli.settings_flags import config_from_args
 from router.middleware.auth import APIKeyMiddleware
 from router.config import ConfigError, make_config
 from router.http_errors import EXCEPTION_HANDLERS
@@ -288,9 +289,9 @@ def test_bad_settings_name_their_key(settings: dict[str, Any], key: str) -> None
 
 
 def test_flags_repeat() -> None:
-    args = cli.build_parser().parse_args(["serve", "--allowed-hosts", "a.lan", "--allowed-hosts", "b.lan",
+    args = build_parser().parse_args(["serve", "--allowed-hosts", "a.lan", "--allowed-hosts", "b.lan",
                                           "--cors-origins", APP, "--cors-origins", "chrome-extension://abc"])
-    config = cli.config_from_args(args)
+    config = config_from_args(args)
     assert config.allowed_hosts == ("a.lan", "b.lan")
     assert config.cors_origins == (APP, "chrome-extension://abc")
 

@@ -8,6 +8,7 @@ that only fail because the job is already (un)loaded are allowed to fail.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -15,13 +16,73 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from router.service_units import LAUNCHD_LABEL, SYSTEMD_UNIT, ServiceSettings, UnitFile, launchd_plist, systemd_unit
+from router.cli import wait
+from router.cli.service_file import find_service
+from router.cli.service_units import (
+    LAUNCHD_LABEL,
+    SYSTEMD_UNIT,
+    ServiceSettings,
+    UnitFile,
+    launchd_plist,
+    systemd_unit,
+)
+from router.cli.settings_flags import SERVICE_ADDRESS, add_setting_flags, with_settings
+from router.config_file import LoadedConfig
 
 ACTIONS = ("install", "uninstall", "start", "stop", "restart", "reload", "status", "logs")
 PLATFORMS = {"darwin": "macos", "linux": "linux"}
 # `systemctl --user` fails this way where no user manager runs (containers, ssh without a session)
 SYSTEMD_HINT = ("; if it said it cannot connect to the bus, no systemd user manager runs for this user: "
                 "log in to a user session, or keep one running with `loginctl enable-linger $USER`")
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "service",
+        help="run mlxd as a background service (launchd on macOS, systemd --user on Linux)",
+        description="install renders the launchd agent (~/Library/LaunchAgents/local.mlxd.plist) or the "
+                    "systemd user unit (~/.config/systemd/user/mlxd.service) for this installation's mlxd, "
+                    "home, address and config file, and starts it at login; the other actions drive "
+                    "launchctl or systemctl --user. Every action is idempotent.",
+    )
+    parser.add_argument("action", choices=ACTIONS, help="what to do")
+    parser.add_argument("--dry-run", action="store_true", help="print the files and commands, change nothing")
+    parser.add_argument("--platform", choices=sorted(set(PLATFORMS.values())), default=None,
+                        help="render for this platform (default: this machine's)")
+    parser.add_argument("-f", "--follow", action="store_true", help="logs: keep printing new lines")
+    parser.add_argument("-n", "--lines", type=int, default=100, help="logs: how many lines (default 100)")
+    parser.add_argument("--wait", action="store_true",
+                        help="start/restart: then wait until the service is ready (see `mlxd wait`)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="with --wait: give up after this long (default 600)")
+    add_setting_flags(parser, only=(*SERVICE_ADDRESS, "shutdown_drain_s"))
+    parser.set_defaults(run=with_settings("service", run))
+
+
+def run(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    """`mlxd service ACTION`: the unit for this installation, and the manager's commands."""
+    config = loaded.config
+    platform = args.platform or current_platform()
+    if platform is None:
+        print(f"mlxd service: no service manager mlxd knows on {sys.platform} (launchd on macOS, "
+              "systemd on Linux); run `mlxd serve` under your own supervisor", file=sys.stderr)
+        return 1
+    executable = find_executable()
+    if executable is None:
+        print("mlxd service: cannot find the installed `mlxd` (run `make install`)", file=sys.stderr)
+        return 1
+    settings = ServiceSettings(executable=executable, home=config.home.resolve(), host=config.host,
+                               port=config.port, config=config.config.resolve() if config.config else None,
+                               drain_s=config.shutdown_drain_s)
+    steps = plan(args.action, platform, settings, user_home(), os.getuid(), follow=args.follow, lines=args.lines)
+    code = execute(steps, args.dry_run)
+    if args.action == "status" and not args.dry_run:  # whoever started it: the home names its service
+        running = find_service(config.home)
+        print(f"mlxd: serving home {config.home} on {running.url} (pid {running.pid})" if running is not None
+              else f"mlxd: no mlxd is serving home {config.home}")
+    if code == 0 and args.wait and args.action in ("start", "restart", "install") and not args.dry_run:
+        return wait.wait_command(config, args.timeout)
+    return code
 
 
 @dataclass(frozen=True)
@@ -111,7 +172,7 @@ def describe(step: Step) -> str:
     return "run: " + " ".join(step.command) + ("  (may fail: already in that state)" if step.may_fail else "")
 
 
-def run(steps: list[Step], dry_run: bool) -> int:
+def execute(steps: list[Step], dry_run: bool) -> int:
     """Carry out (or, dry, print) the steps; the exit status of the first one that
     fails for real, else 0 (a `status` step's own status passes through)."""
     if dry_run:

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from protocol.atomic_files import write_atomically
+from router.config import RouterConfig
 
 SERVICE_FILE = "service.json"
 
@@ -70,3 +71,10 @@ def find_service(home: Path) -> ServiceInfo | None:
     except psutil.Error:
         return None
     return info if alive else None
+
+
+def service_url(config: RouterConfig) -> str:
+    """Where the service serving `config.home` listens, as its home names it (it may run
+    on another port than this shell's configuration says); else the configured address."""
+    running = find_service(config.home)
+    return running.url if running is not None else local_url(config.host, config.port)

@@ -1,131 +1,57 @@
 """`mlxd launch claude|codex|opencode [-- ARGS]`: run an installed agent against this home's
 service, starting the service first (detached, as `mlxd serve` would) if none runs, with
-what router/launch_clients.py sets for that agent. Prints each setting on stderr, then
+what router/cli/launch_clients.py sets for that agent. Prints each setting on stderr, then
 becomes the client (exec), so its exit code is the command's.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import os
 import shlex
 import shutil
-import subprocess
 import sys
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from router.api_keys import client_key, key_ring
+from router.cli.launch_clients import CLAUDE_ALIAS, CLIENTS, PACKAGES, Plan, Target, make_plan
+from router.cli.launch_service import LaunchError, find_or_start, get_json, say
+from router.cli.settings_flags import CLIENT_SETTINGS, add_setting_flags, given_flags, with_settings
 from router.config import RouterConfig
-from router.config_file import SECRET_ENV
-from router.launch_clients import CLAUDE_ALIAS, PACKAGES, Plan, Target, make_plan
-from router.log_files import log_dir
-from router.service_file import find_service
-from router.status_cli import service_url
-
-POLL_S = 0.5
-TIMEOUT_S = 10.0
-STARTED_LOG = "launch-serve.log"  # the started service's stdout/stderr (what it says before its log files open)
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # where `router` is imported from
+from router.config_file import LoadedConfig
 
 
-class LaunchError(Exception):
-    """Why the client cannot be started; said on stderr, exit 1."""
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "launch",
+        help="run Claude Code, Codex or OpenCode against this home's service (starting it if none runs)",
+        description="Run the installed client against the service of this home (found as `mlxd status` finds "
+                    "it; if none runs, `mlxd serve` is started in the background with these flags, and waited "
+                    "for) with the base URL, a key, the model, the model's context window (so the client compacts "
+                    "before the service must refuse a prompt) and the client's own traffic elsewhere switched "
+                    "off. Prints each setting on stderr, then runs the client with ARGS; exits with its code.",
+    )
+    parser.add_argument("client", choices=CLIENTS, metavar="claude|codex|opencode", help="which client")
+    parser.add_argument("client_args", nargs="*", metavar="-- ARGS",
+                        help="arguments for the client, after `--` (e.g. -- -p \"Say hello.\")")
+    parser.add_argument("--model", dest="launch_model", metavar="NAME", default=None,
+                        help="the served model, profile or alias the client uses (default: the service's default "
+                             "model; Claude Code then asks for claude-mlxd, which model_aliases sends there); a "
+                             "service started by launch serves this model")
+    parser.add_argument("--client-path", dest="client_path", metavar="PATH", default=None,
+                        help="the client's executable (default: the first on PATH)")
+    parser.add_argument("--print", "--dry-run", dest="print_only", action="store_true",
+                        help="print the settings and the command on stdout instead of running the client")
+    add_setting_flags(parser, only=(*CLIENT_SETTINGS, "model_dir", "log_dir"))
+    parser.set_defaults(run=with_settings("launch", run))
 
 
-def say(message: str) -> None:
-    print(f"mlxd launch: {message}", file=sys.stderr, flush=True)
-
-
-# --------------------------------------------------------------------------- the service
-
-
-def _get(url: str, key: str | None, timeout: float = TIMEOUT_S) -> tuple[int, Any]:
-    """(status, JSON body) of a GET; (0, None) when nothing answers."""
-    request = urllib.request.Request(url)
-    if key:
-        request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            return exc.code, json.loads(exc.read())
-        except ValueError:
-            return exc.code, None
-    except (OSError, ValueError):
-        return 0, None
-
-
-def serve_command(config: RouterConfig, flags: dict[str, Any], model: str | None) -> tuple[list[str], dict[str, str]]:
-    """The detached `mlxd serve` for this home: the settings given to `launch` as flags
-    (secrets through the environment, out of `ps`), and `model` (a profile's model) to serve."""
-    command = [sys.executable, "-m", "router", "serve", "--home", str(config.home.resolve())]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
-    for key, value in flags.items():
-        if key == "home":
-            continue
-        if key in SECRET_ENV:
-            env[SECRET_ENV[key]] = str(value)
-            continue
-        if isinstance(value, Path) or key in ("config", "model_dir", "log_dir", "api_key_file", "kvstore_dir"):
-            value = str(Path(value).expanduser().resolve())
-        flag = "--" + key.replace("_", "-")
-        for item in value if isinstance(value, list) else [value]:
-            command += [flag, str(item)] if not isinstance(item, bool) else [flag if item else f"--no-{flag[2:]}"]
-    if model is not None:
-        command += ["--model", model.split(":", 1)[0]]
-    return command, env
-
-
-def start_service(config: RouterConfig, flags: dict[str, Any], model: str | None) -> str:
-    """Start `mlxd serve` for the home in the background and wait until it is ready;
-    its URL. It outlives this command, as a service started by hand would."""
-    command, env = serve_command(config, flags, model)
-    logs = log_dir(config)
-    logs.mkdir(parents=True, exist_ok=True, mode=0o700)
-    out = logs / STARTED_LOG
-    say(f"no service serves home {config.home}; starting one: {' '.join(command[1:])} (output in {out})")
-    with open(out, "ab") as sink:
-        os.chmod(out, 0o600)
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True)
-    deadline = time.monotonic() + config.load_timeout_s
-    said = None
-    while True:
-        if child.poll() is not None:
-            tail = out.read_text(errors="replace").splitlines()[-15:]
-            raise LaunchError(f"the service exited with {child.returncode}:\n" + "\n".join(tail))
-        running = find_service(config.home)
-        url = running.url if running is not None else service_url(config)
-        status, health = _get(f"{url}/health", None, timeout=5)
-        state = (health or {}).get("status") if status else "not listening yet"
-        if status == 200 and state == "ok":
-            say(f"service ready on {url} (pid {child.pid}; it keeps running after the client exits: "
-                f"stop it with `kill {child.pid}`)")
-            return url
-        if state != said:
-            say(f"service {state}")
-            said = state
-        if time.monotonic() > deadline:
-            raise LaunchError(f"the service is not ready after {config.load_timeout_s:.0f} s ({state}); "
-                              f"see {out} and `mlxd logs`")
-        time.sleep(POLL_S)
-
-
-def find_or_start(config: RouterConfig, flags: dict[str, Any], model: str | None) -> str:
-    """The URL of the home's service (or of whatever answers at the configured address)."""
-    url = service_url(config)
-    status, _ = _get(f"{url}/health", None, timeout=5)
-    if status:
-        return url
-    return start_service(config, flags, model)
+def run(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    return launch_command(loaded.config, given_flags(args), args.client, args.client_args, args.launch_model,
+                          args.client_path, args.print_only)
 
 
 # --------------------------------------------------------------------------- the model
@@ -133,7 +59,7 @@ def find_or_start(config: RouterConfig, flags: dict[str, Any], model: str | None
 
 def model_card(url: str, name: str, key: str | None) -> dict[str, Any] | None:
     """`/v1/models/NAME` (a model, profile or alias), None when the service has no such name."""
-    status, card = _get(f"{url}/v1/models/{urllib.parse.quote(name, safe='')}", key)
+    status, card = get_json(f"{url}/v1/models/{urllib.parse.quote(name, safe='')}", key)
     if status == 404:
         return None
     if status != 200 or not isinstance(card, dict):
@@ -143,7 +69,7 @@ def model_card(url: str, name: str, key: str | None) -> dict[str, Any] | None:
 
 def default_card(url: str, key: str | None) -> dict[str, Any]:
     """The service's default model (what `claude-*` names reach), else its first chat model."""
-    status, listing = _get(f"{url}/v1/models", key)
+    status, listing = get_json(f"{url}/v1/models", key)
     if status != 200 or not isinstance(listing, dict):
         raise LaunchError(f"{url}/v1/models answered {status or 'nothing'}: {listing}")
     chat = [card for card in listing.get("data") or [] if card.get("kind", "chat") == "chat"]
@@ -165,7 +91,7 @@ def choose_target(client: str, url: str, requested: str | None, config: RouterCo
     if requested is not None:
         card = model_card(url, requested, key)
         if card is None:
-            ids = [c.get("id") for c in (_get(f"{url}/v1/models", key)[1] or {}).get("data") or []]
+            ids = [c.get("id") for c in (get_json(f"{url}/v1/models", key)[1] or {}).get("data") or []]
             raise LaunchError(f"the service has no model {requested!r} (it serves: {', '.join(map(str, ids))})")
         name = requested
     else:

@@ -1,19 +1,24 @@
-"""`mlxd models list`, `mlxd rm` and `mlxd pull` of a Hugging Face repo or a GGUF URL: the
-models directory from the shell. Whether a model is loaded comes from the running service's
-/admin/status; a pull runs `python -m models.pull` (the router never imports the model tools)."""
+"""`mlxd models list` and `mlxd rm`: the models directory from the shell (`mlxd pull` fills
+it: router/cli/pull.py). Whether a model is loaded comes from the running service's
+/admin/status."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import urllib.error
 from pathlib import Path
 from typing import Any
 
+from router.cli.settings_flags import CLIENT_SETTINGS, add_setting_flags, with_settings
+from router.cli.status import fetch_status
+from router.cli.service_file import service_url
+from router.cli.tables import size, table
 from router.config import RouterConfig
+from router.config_file import LoadedConfig
 from router.model_inventory import (
     STAGING_PREFIX,
     ModelOnDisk,
@@ -22,41 +27,41 @@ from router.model_inventory import (
     scan,
     size_on_disk,
 )
-from router.status_cli import fetch_status, service_url, size, table
 
 UNLOADED = "unloaded"  # the state /admin/status gives a model no worker holds
 
 
-def is_remote(source: str) -> bool:
-    """A Hugging Face repo id (owner/name) or a URL, not a name of mlxd's catalog."""
-    return "/" in source
+def add_command(commands: argparse._SubParsersAction) -> None:
+    models = commands.add_parser(
+        "models",
+        help="the models on disk",
+        description="list: every model in --model-dir (default HOME/models) with its size on disk, kind, "
+                    "quantization, source and whether the running service (found as `mlxd status` finds "
+                    "it) has it loaded; \"-\" when no service answers.",
+    )
+    models_commands = models.add_subparsers(dest="models_command", metavar="SUBCOMMAND", required=True)
+    models_list = models_commands.add_parser("list", help="list the models on disk")
+    models_list.add_argument("--json", dest="as_json", action="store_true", help="print them as JSON")
+    add_setting_flags(models_list, only=(*CLIENT_SETTINGS, "model_dir"))
+    models_list.set_defaults(run=with_settings("models", run_list))
+    rm = commands.add_parser(
+        "rm",
+        help="remove a model from disk",
+        description="Remove model NAME from --model-dir (its directory, its .gguf, an unfinished pull of it). "
+                    "Refused while the running service has it loaded; asks first unless --yes.",
+    )
+    rm.add_argument("name", metavar="NAME", help="the model's name, as `mlxd models list` shows it")
+    rm.add_argument("-y", "--yes", dest="yes", action="store_true", help="do not ask")
+    add_setting_flags(rm, only=(*CLIENT_SETTINGS, "model_dir"))
+    rm.set_defaults(run=with_settings("rm", run_rm))
 
 
-def pull_remote(config: RouterConfig, source: str, *, gguf_file: str | None = None, name: str | None = None,
-                sha256: str | None = None) -> int:
-    """`mlxd pull owner/name[@rev]` or `mlxd pull URL.gguf`: the puller's progress goes to
-    the terminal, the model directory to stdout."""
-    if not is_remote(source):
-        print(f"mlxd pull: --file, --as and --sha256 apply to a Hugging Face repo id or a URL; "
-              f"{source} is a name mlxd knows, pull it without them", file=sys.stderr)
-        return 2
-    os.umask(0o077)  # the home is private, as under `serve`
-    argv = [sys.executable, "-m", "models.pull", source, "--home", str(config.home),
-            "--models-dir", str(config.models_dir)]
-    for flag, value in (("--file", gguf_file), ("--as", name), ("--sha256", sha256)):
-        if value is not None:
-            argv += [flag, value]
-    try:
-        result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, check=False)
-    except KeyboardInterrupt:
-        print("mlxd pull: interrupted; the same pull continues where it stopped", file=sys.stderr)
-        return 130
-    lines = [line.strip() for line in result.stdout.splitlines() if line.strip()]
-    if result.returncode != 0 or not lines:
-        return result.returncode or 1  # the puller has said why on stderr
-    print(lines[-1])
-    print(f"mlxd pull: serve it with: mlxd serve --model {Path(lines[-1]).name}", file=sys.stderr)
-    return 0
+def run_list(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    return list_command(loaded.config, args.as_json)
+
+
+def run_rm(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    return rm_command(loaded.config, args.name, args.yes)
 
 
 def loaded_states(config: RouterConfig) -> dict[str, str]:

@@ -8,16 +8,37 @@ out too, up to the timeout.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 import urllib.error
 import urllib.request
 
+from router.cli.service_file import service_url
+from router.cli.settings_flags import SERVICE_ADDRESS, add_setting_flags, with_settings
 from router.config import RouterConfig
-from router.status_cli import service_url
+from router.config_file import LoadedConfig
 
 POLL_S = 0.5
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "wait",
+        help="wait until the service is ready (for scripts)",
+        description="Poll the service of this home (or --host/--port) until /health says ok: the port is "
+                    "open and the pinned and command-line models are loaded. Prints 'mlxd ready on URL' and "
+                    "exits 0, or exits 1 after --timeout.",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="give up after this long (default 600)")
+    add_setting_flags(parser, only=SERVICE_ADDRESS)
+    parser.set_defaults(run=with_settings("wait", run))
+
+
+def run(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    return wait_command(loaded.config, args.timeout)
 
 
 def _state(url: str) -> tuple[bool, str]:

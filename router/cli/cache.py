@@ -5,6 +5,7 @@ service, which has its workers and kvstore drop the blocks, never by deleting it
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import urllib.error
@@ -13,13 +14,38 @@ import urllib.request
 from typing import Any
 
 from router.api_keys import client_key
+from router.cli.service_file import service_url
+from router.cli.settings_flags import CLIENT_SETTINGS, add_setting_flags, with_settings
+from router.cli.tables import percent, size, table
 from router.config import RouterConfig
-from router.status_cli import percent, service_url, size, table
+from router.config_file import LoadedConfig
 
 ACTIONS = ("stats", "clear")
 # a clear waits for each worker's next step and for the kvstore's queued writes
 CLEAR_TIMEOUT_S = 90.0
 STATS_TIMEOUT_S = 10.0
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "cache",
+        help="show or clear the running service's prefix cache",
+        description="stats: per model the hot tier (in each worker) and the cold tier (the kvstore on SSD), "
+                    "from the running service's /admin/cache. clear: has the workers and the kvstore drop "
+                    "the blocks (of --model, or of every model) and prints what was removed; requests "
+                    "running meanwhile finish unchanged. The service is found as `mlxd status` finds it.",
+    )
+    parser.add_argument("cache_action", choices=ACTIONS, metavar="stats|clear", help="what to do")
+    parser.add_argument("--model", dest="cache_model", metavar="NAME", default=None,
+                        help="only this model (a name, profile or alias; default: every model)")
+    parser.add_argument("--json", dest="as_json", action="store_true",
+                        help="print the service's JSON answer as is")
+    add_setting_flags(parser, only=CLIENT_SETTINGS)
+    parser.set_defaults(run=with_settings("cache", run))
+
+
+def run(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    return cache_command(loaded.config, args.cache_action, args.cache_model, args.as_json)
 
 
 class ServiceError(Exception):

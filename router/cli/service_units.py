@@ -17,7 +17,7 @@ from xml.sax.saxutils import escape
 
 from protocol.log_format import STDERR_LEVEL_ENV
 
-DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 LAUNCHD_LABEL = "local.mlxd"
 SYSTEMD_UNIT = "mlxd.service"
 THROTTLE_S = 10  # at most one restart per this many seconds

@@ -10,6 +10,7 @@ The service is found where the configuration says it listens (the same `--home`,
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -18,17 +19,38 @@ import urllib.request
 from typing import Any
 
 from router.api_keys import client_key
+from router.cli.service_file import service_url
+from router.cli.settings_flags import CLIENT_SETTINGS, add_setting_flags, with_settings
+from router.cli.tables import duration, percent, rate, size, table
 from router.config import RouterConfig
-from router.service_file import find_service, local_url
+from router.config_file import LoadedConfig
 
 TIMEOUT_S = 10.0
 
 
-def service_url(config: RouterConfig) -> str:
-    """Where the service serving `config.home` listens, as its home names it (it may run
-    on another port than this shell's configuration says); else the configured address."""
-    running = find_service(config.home)
-    return running.url if running is not None else local_url(config.host, config.port)
+def add_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "status",
+        help="show the running service: models, memory, cache tiers, requests",
+        description="Read the running service's /admin/status (found by the same --home/--config/--host/--port "
+                    "as `mlxd serve`, with its API key) and print it as a table, or as JSON with --json. "
+                    "--watch redraws it every --interval seconds (what the dashboard at /admin shows on top, "
+                    "then the tables) until Ctrl-C.",
+    )
+    parser.add_argument("--json", dest="as_json", action="store_true", help="print /admin/status's JSON as is")
+    parser.add_argument("--watch", "-w", action="store_true", help="refresh until Ctrl-C")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                        help="with --watch: seconds between refreshes (default 2)")
+    parser.add_argument("--count", type=int, default=0, metavar="N",
+                        help="with --watch: stop after N refreshes (default: until Ctrl-C)")
+    add_setting_flags(parser, only=CLIENT_SETTINGS)
+    parser.set_defaults(run=with_settings("status", run))
+
+
+def run(loaded: LoadedConfig, args: argparse.Namespace) -> int:
+    if args.watch:
+        return watch_command(loaded.config, args.interval, args.count, args.as_json)
+    return status_command(loaded.config, args.as_json)
 
 
 def fetch_status(config: RouterConfig) -> dict[str, Any]:
@@ -39,36 +61,6 @@ def fetch_status(config: RouterConfig) -> dict[str, Any]:
         request.add_header("Authorization", f"Bearer {key}")
     with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
         return json.loads(response.read())
-
-
-def size(num_bytes: float | None) -> str:
-    if num_bytes is None:
-        return "-"
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GiB"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
-
-
-def rate(value: float | None) -> str:
-    return "-" if not value else f"{value:.1f}"
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 SPARK_BLOCKS = "▁▂▃▄▅▆▇█"
@@ -132,12 +124,6 @@ def format_top(status: dict[str, Any], url: str) -> list[str]:
         lines.append(f"generated tok/s: {rates[-1]:.1f} now, peak {max(rates):.1f}; last "
                      f"{duration(points[-1]['t'] - points[0]['t'])}: {sparkline(rates, blocks=blocks)}")
     return lines
-
-
-def table(rows: list[list[str]]) -> list[str]:
-    """Columns padded to their widest cell; the first row is the header."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
 
 
 def format_status(status: dict[str, Any], url: str) -> str:

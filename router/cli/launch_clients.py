@@ -1,7 +1,7 @@
 """What `mlxd launch` sets for each agent: the environment and flags that point Claude Code,
 Codex or OpenCode at the service, name a served model, tell the client that model's window
 (so it compacts before mlxd must refuse a prompt) and switch off the client's traffic to
-anywhere else. Pure data: no processes, no network (router/launch_cli.py runs them).
+anywhere else. Pure data: no processes, no network (router/cli/launch.py runs them).
 """
 
 from __future__ import annotations
