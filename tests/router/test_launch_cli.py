@@ -34,7 +34,7 @@ def router(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running
 
 
 def _config(router: RunningRouter) -> object:
-    return make_config({"home": router.children.pool.config.home, "port": router.url.rsplit(":", 1)[1]})
+    return make_config({"home": router.pool.config.home, "port": router.url.rsplit(":", 1)[1]})
 
 
 def test_claude_asks_for_the_alias_when_it_reaches_the_model(router: RunningRouter) -> None:
@@ -67,7 +67,7 @@ def test_unknown_and_non_chat_models_are_refused_by_name(router: RunningRouter) 
 
 def test_print_shows_everything_and_runs_nothing(router: RunningRouter, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    home, port = router.children.pool.config.home, router.url.rsplit(":", 1)[1]
+    home, port = router.pool.config.home, router.url.rsplit(":", 1)[1]
     code = main(["launch", "codex", "--print", "--home", str(home), "--port", port, "--model", OTHER,
                  "--", "exec", "--skip-git-repo-check", "Say hello"])
     out = capsys.readouterr().out

@@ -57,14 +57,14 @@ def test_startup_failure_is_fast_and_clear(model_dir: Path, monkeypatch: pytest.
 
 
 def test_crash_mid_request_fails_it_and_restarts(router: RunningRouter) -> None:
-    old_pid = router.children.supervisor.health()["pid"]
+    old_pid = router.supervisor.health()["pid"]
     with router.client() as client:
         response = client.post("/v1/chat/completions", json=chat("CRASH"))
         assert response.status_code == 503
         error = response.json()["error"]
         assert error["code"] == "worker_unavailable" and "exit code 3" in error["message"]
         assert response.headers["retry-after"]
-        router.wait_for(lambda: router.children.supervisor.state == "ready")
+        router.wait_for(lambda: router.supervisor.state == "ready")
         health = client.get("/health").json()["workers"][MODEL_ID]
         assert health["restarts"] == 1 and health["pid"] != old_pid and "exit code 3" in health["last_error"]
         assert client.post("/v1/chat/completions", json=chat("hi")).status_code == 200
@@ -112,7 +112,7 @@ def test_requests_while_restarting_wait_and_are_served(model_dir: Path, monkeypa
 
 
 def test_hung_worker_is_killed_and_replaced(router: RunningRouter) -> None:
-    hung_pid = router.children.supervisor.health()["pid"]
+    hung_pid = router.supervisor.health()["pid"]
     started = time.monotonic()
     with router.client() as client:
         response = client.post("/v1/chat/completions", json=chat("HANG"))
@@ -122,8 +122,8 @@ def test_hung_worker_is_killed_and_replaced(router: RunningRouter) -> None:
     assert "did not answer pings" in response.json()["error"]["message"]
     assert time.monotonic() - started < 5  # ping_timeout_s is 1 s here
     router.wait_for(lambda: not pid_alive(hung_pid))
-    router.wait_for(lambda: router.children.supervisor.state == "ready")
-    assert router.children.supervisor.num_restarts == 1
+    router.wait_for(lambda: router.supervisor.state == "ready")
+    assert router.supervisor.num_restarts == 1
 
 
 def test_crash_loop_gives_up_and_reports_down(model_dir: Path, monkeypatch: pytest.MonkeyPatch,
