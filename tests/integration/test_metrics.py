@@ -20,6 +20,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.service import REPO, Service
+from tests.router.test_logs_cli import ctrl_c_as_a_terminal_sends_it
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -232,7 +233,8 @@ def test_status_watch_redraws_until_its_count(service: Service, model_id: str) -
 
 def test_status_watch_stops_cleanly_on_ctrl_c(service: Service, model_id: str) -> None:
     process = subprocess.Popen(_status_command(service, "--interval", "0.3"), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                               preexec_fn=ctrl_c_as_a_terminal_sends_it)
     assert process.stdout is not None
     seen = 0
     deadline = time.monotonic() + 60

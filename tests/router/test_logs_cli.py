@@ -150,10 +150,17 @@ def test_the_follower_reads_across_rotations(tmp_path: Path) -> None:
     assert [line.rsplit(": ", 1)[1] for line in seen] == [f"m{n}" for n in range(12)]
 
 
+def ctrl_c_as_a_terminal_sends_it() -> None:
+    """A suite started in the background (`make test &`) ignores SIGINT, and a child
+    inherits that; the command under test must get the Ctrl-C a terminal would send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_mlxd_logs_f_follows_until_ctrl_c(home: Path) -> None:
     router_log = home / "logs" / "router.log"
     process = subprocess.Popen([sys.executable, "-m", "router", "logs", "-f", "-n", "1", "--role", "router",
-                                "--home", str(home)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+                                "--home", str(home)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                               preexec_fn=ctrl_c_as_a_terminal_sends_it)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in process.stdout], daemon=True).start()  # type: ignore[union-attr]
     try:
