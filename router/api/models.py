@@ -13,6 +13,7 @@ from protocol.context_window import served_context_length
 from protocol.errors import RequestError
 from protocol.settings import layout_in_effect
 from router.api import anthropic_errors
+from router.api.anthropic_dialect import VERSION_HEADER
 from router.api.openai_format import model_card
 from router.api.rerank import rerank_method
 from router.children.pool import WorkerPool
@@ -74,7 +75,7 @@ def _anthropic_card(pool: WorkerPool, name: str) -> dict[str, Any]:
 
 def _is_anthropic(request: Request) -> bool:
     """Anthropic's SDKs and Claude Code send `anthropic-version` on every request; OpenAI's never."""
-    return "anthropic-version" in request.headers
+    return VERSION_HEADER in request.headers
 
 
 async def list_models(request: Request) -> Response:
