@@ -8,8 +8,22 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+from tests.fuzz_seed import FUZZ_SEED
+from tests.skip_guard import pytest_runtest_logreport, pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# No example database: nothing is written into the checkout (.hypothesis/), and a failure is
+# replayed from the printed seed instead of from whatever one machine remembered.
+settings.register_profile("mlxd", database=None)
+settings.load_profile("mlxd")
+
+
+def pytest_report_header() -> str:
+    return f"fuzz seed: {FUZZ_SEED} (MLXD_FUZZ_SEED={FUZZ_SEED} replays every fuzzer's examples)"
 
 
 def cache_home() -> Path:

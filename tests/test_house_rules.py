@@ -162,3 +162,37 @@ def test_no_module_over_400_lines() -> None:
     long = {str(p.relative_to(REPO)): n for p in python_files(*roots)
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not long, f"split these by what they hold: {long}"
+
+
+def unreplayable_fuzzers(path: Path) -> list[str]:
+    """The Hypothesis tests in `path` that neither derandomize nor take the session's seed:
+    a failure of theirs in CI could not be run again from what CI printed."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        decorators = [ast.unparse(d) for d in node.decorator_list]
+        if not any(d.startswith("given(") for d in decorators):
+            continue
+        seeded = "seed(FUZZ_SEED)" in decorators
+        derandomized = any(d.startswith("settings(") and "derandomize=True" in d for d in decorators)
+        if not (seeded or derandomized):
+            shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+            found.append(f"{shown}::{node.name}")
+    return found
+
+
+def test_every_fuzzer_can_be_replayed_from_what_ci_printed() -> None:
+    offenders = [name for path in python_files("tests") for name in unreplayable_fuzzers(path)]
+    assert not offenders, f"add @seed(FUZZ_SEED) (tests/fuzz_seed.py) or derandomize=True: {offenders}"
+
+
+def test_the_fuzzer_guard_sees_an_unseeded_fuzzer(tmp_path: Path) -> None:
+    sample = tmp_path / "fuzzer.py"
+    sample.write_text("@settings(max_examples=5)\n@given(x=st.integers())\ndef test_x(x):\n    pass\n")
+    assert unreplayable_fuzzers(sample) == ["fuzzer.py::test_x"]
+    sample.write_text("@seed(FUZZ_SEED)\n@given(x=st.integers())\ndef test_x(x):\n    pass\n")
+    assert unreplayable_fuzzers(sample) == []
+    sample.write_text("@settings(derandomize=True, max_examples=5)\n@given(x=st.integers())\ndef test_x(x):\n    pass\n")
+    assert unreplayable_fuzzers(sample) == []

@@ -10,10 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from kvstore.store import KVStore
+from tests.fuzz_seed import FUZZ_SEED
 from tests.kvstore.helpers import key, payload
 
 NUM_BLOCKS = 24
@@ -47,6 +48,7 @@ damage = st.tuples(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@seed(FUZZ_SEED)
 @given(case=damage)
 def test_damaged_files_give_exact_blocks_or_misses(pristine: Path, tmp_path: Path, case,
                                                    caplog: pytest.LogCaptureFixture) -> None:

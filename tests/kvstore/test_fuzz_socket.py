@@ -11,12 +11,13 @@ from collections.abc import Iterator
 import msgpack
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from protocol.codec import decode
 from protocol.errors import ProtocolError
 from protocol.messages import KVFlush, KVFlushResult, KVGet, KVGetResult
+from tests.fuzz_seed import FUZZ_SEED
 from tests.fuzz_frames import frame_strategy
 from tests.kvstore.helpers import KVClient, KVProcess, key, payload
 
@@ -82,6 +83,7 @@ def _check_answers(sock: zmq.Socket, asked: dict[int, list]) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@seed(FUZZ_SEED)
 @given(sent=st.lists(frames, min_size=1, max_size=4))
 def test_any_frames_leave_the_kvstore_serving_exact_blocks(kv: KVProcess, sent: list[list[bytes]]) -> None:
     context = zmq.Context.instance()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from protocol.codec import decode, encode
@@ -36,6 +36,7 @@ from protocol.messages import (
 )
 from protocol.settings import WorkerSettings
 from protocol.sockets import make_socket
+from tests.fuzz_seed import FUZZ_SEED
 from tests.fuzz_frames import frame_strategy
 
 pytestmark = pytest.mark.timeout(600)
@@ -144,6 +145,7 @@ def before(worker: Worker) -> list[int]:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@seed(FUZZ_SEED)
 @given(sent=st.lists(frames, min_size=1, max_size=4))
 def test_any_frames_leave_the_worker_alive(worker: Worker, before: list[int], sent: list[list[bytes]]) -> None:
     for parts in sent:
