@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench blas kernels kernels-sanitized clean
+.PHONY: install serve test test-fast bench blas kernels kernels-sanitized clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ serve: install
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every test that needs no real model and no network (marked by tests/conftest.py): the run
+# for every change. `make test` runs them all and is what CI runs.
+test-fast: install
+	$(BIN)/python -m pytest -m fast $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/run_all.py

