@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 pytestmark = pytest.mark.timeout(600)
 
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
-REPEAT = [{"role": "user", "content": "Say the word apple twenty times, separated by spaces."}]
+REPEAT = [{"role": "user", "content": "List ten fruits, one per line."}]  # greedy: "Apple" again and again
 SEEDS = range(8)
 
 
@@ -74,7 +74,7 @@ def test_a_penalty_changes_a_repeating_greedy_answer_where_the_reference_says(
         client, model_id, presence: float, frequency: float) -> None:
     """Unpenalized greedy with its top 20 at each step, then penalized greedy: they agree
     up to the first step where the reference (the unpenalized logprobs, penalized by the
-    answer's own counts; the prompt's "apple" is not counted) picks another token, and
+    answer's own counts, the prompt's not) picks another token, and
     there the penalized answer takes the reference's token."""
     free = chat(client, model_id, REPEAT, temperature=0, max_tokens=30, logprobs=True, top_logprobs=20)
     steps = free.logprobs.content
@@ -109,7 +109,7 @@ def test_a_repetition_penalty_holds_over_the_whole_answer(client, model_id, defa
     free_tokens = [s.token for s in free.logprobs.content]
     assert len(free_tokens) == 30 and len(set(free_tokens)) < 30, free_tokens
     assert set(free_tokens) <= {tokenizer.decode([t]) for t in steered}, free_tokens
-    penalized = chat(client, model_id, POEM, temperature=0, max_tokens=30, logit_bias=bias, repetition_penalty=10,
+    penalized = chat(client, model_id, POEM, temperature=0, max_tokens=30, logit_bias=bias, extra_body={"repetition_penalty": 10},
                      logprobs=True)
     got = [s.token for s in penalized.logprobs.content]
     assert len(got) == 30 and len(set(got)) == 30, [t for i, t in enumerate(got) if t in got[:i]]
