@@ -174,7 +174,7 @@ class Admitter:
         max_tokens = max_new_tokens(request, len(prompt_ids), window, self._config.max_output_tokens)
         check_logit_bias(request, self._vocab_size)
         sampler = make_request_sampler(request.sampling, self._vocab_size)
-        processors = make_request_processors(request.sampling)
+        processors = make_request_processors(request.sampling, len(prompt_ids))
         matcher = prepared.matcher if prepared is not None else self._compile(request)
         grammar = (GrammarProcessor(matcher, len(prompt_ids), self._vocabulary, self._grammar_batch)
                    if matcher is not None else None)
