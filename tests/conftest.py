@@ -4,10 +4,16 @@ and other test packages."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+
+if importlib.util.find_spec("mlx") is not None:
+    # first of all: MLX's own ops, captured before any test can install mlxd's kernels
+    # over them (the kernel tests compare with these)
+    from tests import stock_mlx  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 
