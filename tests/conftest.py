@@ -4,6 +4,7 @@ and other test packages."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -12,6 +13,11 @@ from hypothesis import settings
 
 from tests.fuzz_seed import FUZZ_SEED
 from tests.skip_guard import pytest_runtest_logreport, pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
+
+if importlib.util.find_spec("mlx") is not None:
+    # first of all: MLX's own ops, captured before any test can install mlxd's kernels
+    # over them (the kernel tests compare with these)
+    from tests import stock_mlx  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 

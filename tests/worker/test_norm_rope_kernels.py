@@ -1,6 +1,6 @@
-"""mlxd's RMSNorm and RoPE kernels against MLX's own (the stock functions, captured
-before the kernels are installed): equal to float32 rounding, and a row's result never
-depends on the rest of the batch."""
+"""mlxd's RMSNorm and RoPE kernels against MLX's own (the stock functions, captured by
+tests/stock_mlx before anything installs the kernels): equal to float32 rounding, and a
+row's result never depends on the rest of the batch."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ if mx.default_device().type != mx.DeviceType.cpu or sys.platform == "darwin":
 
 kernels = pytest.importorskip("worker._cpu_kernels", reason="kernels not built: run `make kernels`")
 
-stock_rope = mx.fast.rope
-stock_rms_norm = mx.fast.rms_norm
+from tests.stock_mlx import rms_norm as stock_rms_norm  # noqa: E402  (after the skips: it imports MLX)
+from tests.stock_mlx import rope as stock_rope  # noqa: E402
 
 
 def _angle_tolerance(last_position: int) -> float:

@@ -137,7 +137,7 @@ def test_a_changed_panel_byte_changes_its_row_only() -> None:
 
 
 def test_mlx_refuses_panels_rather_than_misread_them() -> None:
-    from worker.cpu_kernels import _stock_quantized_matmul
+    from tests.stock_mlx import quantized_matmul as _stock_quantized_matmul
 
     w, scales, biases = _weights(16, 64, 4, 32, mx.float16)
     panels = kernels.quantized_panels(w, scales, biases, group_size=32, bits=4, panel_rows=16)
