@@ -32,7 +32,7 @@ def complete(client: openai.OpenAI, model_id: str, prompt, salt: str, **kwargs):
                                      extra_body={"cache_salt": salt}, **kwargs)
 
 
-@pytest.mark.parametrize("text", PROMPTS)
+@pytest.mark.parametrize("text", PROMPTS, ids=["words", "code"])
 def test_the_ids_of_a_text_prompt_are_answered_as_the_text(client, model_id, tokenizer, text: str) -> None:
     ids = tokenizer.encode(text).ids
     by_text = complete(client, model_id, text, f"text:{text}")
