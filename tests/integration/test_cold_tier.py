@@ -73,7 +73,12 @@ def test_full_service_restart_keeps_the_cache(default_model_dir: Path, home: Pat
         svc.stop()
 
 
-def test_a_killed_kvstore_is_restarted_and_requests_go_on(default_model_dir: Path, tmp_path: Path) -> None:
+def test_a_killed_kvstore_is_restarted_and_answers_stay_those_computed_from_scratch(default_model_dir: Path,
+                                                                                    tmp_path: Path) -> None:
+    """Killing the kvstore changes no answer: every one equals the answer computed from
+    scratch before the kill (greedy, its own salt), while it is down (a hot hit, and a new
+    prefix), once it is back, and from the restarted kvstore's own blocks after a worker
+    restart."""
     import os
     import signal
     import time
@@ -81,10 +86,21 @@ def test_a_killed_kvstore_is_restarted_and_requests_go_on(default_model_dir: Pat
     svc = start(default_model_dir, tmp_path / "home")
     try:
         model = httpx.get(f"{svc.base_url}/v1/models").json()["data"][0]["id"]
+        scratch = ask(svc, model, "kv-scratch")
+        assert scratch["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        expected = scratch["choices"][0]["message"]["content"]
+        assert expected
+
+        def answer(salt: str) -> dict:
+            got = ask(svc, model, salt)
+            assert got["choices"][0]["message"]["content"] == expected, salt
+            return got
+
         pid = svc.health()["kvstore"]["pid"]
         os.kill(pid, signal.SIGKILL)
-        # requests do not depend on the cold tier being up: a miss, not an error
-        assert ask(svc, model, "kv-down")["choices"][0]["message"]["content"]
+        # requests do not depend on the cold tier being up: a miss, not an error, nor another answer
+        assert answer("kv-scratch")["usage"]["prompt_tokens_details"]["cached_tokens"] >= 512  # hot
+        assert answer("kv-down")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         deadline = time.monotonic() + 30
         while True:
             kv = svc.health()["kvstore"]
@@ -93,6 +109,10 @@ def test_a_killed_kvstore_is_restarted_and_requests_go_on(default_model_dir: Pat
             assert time.monotonic() < deadline, f"kvstore not restarted: {kv}"
             time.sleep(0.2)
         assert kv["restarts"] == 1
-        assert ask(svc, model, "kv-up")["choices"][0]["message"]["content"]
+        assert answer("kv-up")["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        # the restarted kvstore took kv-up's blocks: a new worker answers from them the same
+        r = httpx.post(f"{svc.base_url}/admin/workers/{model}/restart", timeout=300)
+        assert r.status_code == 200, r.text
+        assert answer("kv-up")["mlxd"]["cache"]["cold_tokens"] >= 512
     finally:
         svc.stop()
