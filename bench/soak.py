@@ -1,4 +1,4 @@
-"""Soak (and, with --chaos, fault) test of one mlxd service with two chat models.
+"""Soak (and, with --chaos, fault) test of one mlxd service with one or two chat models.
 
 N clients send a mix of every dialect the service speaks (OpenAI chat streamed and not,
 completions, Anthropic Messages and count_tokens, OpenAI Responses), tool calls,
@@ -55,6 +55,7 @@ TOOLS = [{"type": "function", "function": {
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 PROBES = ["What is the capital of France?", "Name three primary colours.", "What is 12 times 12?"]
+FAULTS = ("sigkill_worker", "sigstop_worker", "sigkill_kvstore", "sigstop_kvstore", "admin_restart", "disk_full")
 KINDS = ["chat_stream", "chat", "completion", "completion_stream", "messages_stream", "messages", "responses_stream",
          "tool_call", "structured", "cancel", "count_tokens"]
 
@@ -378,22 +379,23 @@ class Chaos:
     """Faults, one at a time, each followed by recovery and the probe replay."""
 
     def __init__(self, base_url: str, models: list[str], disk: Disk | None, rng: random.Random,
-                 expected: dict[str, Any]) -> None:
+                 expected: dict[str, Any], only: list[str] | None = None) -> None:
         self.base_url = base_url
         self.models = models
         self.disk = disk
         self.rng = rng
         self.expected = expected
+        self.only = only
         self.events: list[dict[str, Any]] = []
         self.http = httpx.Client(base_url=base_url, timeout=120)
 
     def actions(self) -> list[str]:
-        names = ["sigkill_worker", "sigstop_worker", "sigkill_kvstore", "sigstop_kvstore", "admin_restart"]
+        names = [f for f in FAULTS if f != "disk_full"]
         if self.disk is not None and self.disk.mounted:
             # not "read-only": a remount ro of the tmpfs is refused (EBUSY) while the kvstore
             # holds segments open for writing; a full disk is the fault a user meets anyway
             names += ["disk_full"]
-        return names
+        return [n for n in names if n in self.only] if self.only else names
 
     def _worker_pid(self, model: str) -> int | None:
         return (self.http.get("/health").json().get("workers", {}).get(model) or {}).get("pid")
@@ -599,9 +601,11 @@ def _growth(warm: dict[str, dict], end: dict[str, dict]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dirs = _model_dirs(args)
     names = [d.name for d in model_dirs]
-    disk = Disk(args.disk_mb) if args.chaos else None
-    # one --model (the flag is not repeatable); the second is pinned from its directory, so it loads at start
-    extra = ["--model-dir", str(model_dirs[1].parent), *(arg for d in model_dirs[1:] for arg in ("--pin", d.name))]
+    disk_faults = args.chaos and (not args.faults or "disk_full" in args.faults)
+    disk = Disk(args.disk_mb) if disk_faults else None
+    # one --model (the flag is not repeatable); a second is pinned from its directory, so it loads at start
+    extra = (["--model-dir", str(model_dirs[1].parent), *(arg for d in model_dirs[1:] for arg in ("--pin", d.name))]
+             if len(model_dirs) > 1 else [])
     # a hot tier that fills during the warm-up, so RSS after it measures leaks, not the cache filling
     extra += ["--max-output-tokens", "256", "--shutdown-drain-s", "2", "--hot-tier-bytes", str(args.hot_tier_mb << 20)]
     if disk is not None and disk.mounted:
@@ -629,7 +633,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for thread in threads:
                 thread.start()
             rng = random.Random(args.seed)
-            chaos = Chaos(server.base_url, names, disk, rng, expected) if args.chaos else None
+            chaos = Chaos(server.base_url, names, disk, rng, expected, args.faults) if args.chaos else None
             replayer = Replayer(chaos) if chaos is not None else None
             if replayer is not None:
                 replayer.start()
@@ -679,12 +683,14 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=120.0)
     parser.add_argument("--warmup-s", type=float, default=30.0, help="RSS baseline after this long")
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS),
-                        help="two chat models: names in --model-dir, or directories")
+                        help="chat models (one or two): names in --model-dir, or directories")
     parser.add_argument("--model-dir", default=None, help="default: $MLXD_TEST_HOME/models")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--hung-s", type=float, default=60.0, help="no byte for this long is a hung request")
     parser.add_argument("--chaos", action="store_true")
     parser.add_argument("--chaos-every-s", type=float, default=20.0)
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=None,
+                        help="strike only these faults (default: all; disk_full needs a tmpfs mount)")
     parser.add_argument("--disk-mb", type=int, default=256, help="size of the cold tier's tmpfs under --chaos")
     parser.add_argument("--hot-tier-mb", type=int, default=128, help="each worker's hot tier")
     parser.add_argument("--seed", type=int, default=0)
