@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -33,6 +35,8 @@ class Service:
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "router", "serve", "--port", str(self.port), "--home", str(home), *args]
         self.log: deque[str] = deque(maxlen=5000)
+        self._lines_read = 0  # every line ever appended, kept or not
+        self._log_lock = threading.Lock()
         self.proc = subprocess.Popen(
             cmd,
             cwd=REPO,
@@ -49,12 +53,26 @@ class Service:
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self.log.append(line.rstrip("\n"))
+            with self._log_lock:
+                self.log.append(line.rstrip("\n"))
+                self._lines_read += 1
             if os.environ.get("MLXD_TEST_ECHO"):
                 sys.stderr.write(line)
 
     def log_text(self) -> str:
-        return "\n".join(self.log)
+        with self._log_lock:
+            return "\n".join(self.log)
+
+    def log_mark(self) -> int:
+        """Where the log stands now, for `log_since`: on a service other modules share, a
+        line a test looks for must be one its own requests wrote."""
+        return self._lines_read
+
+    def log_since(self, mark: int) -> str:
+        """The log lines written after `mark` (as many of them as are still kept)."""
+        with self._log_lock:
+            new, kept = self._lines_read - mark, list(self.log)
+        return "\n".join(kept[-new:]) if new > 0 else ""
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -83,6 +101,18 @@ class Service:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+@contextmanager
+def running_service(args: list[str], home: Path, env: dict[str, str] | None = None,
+                    ready_timeout: float = 300.0) -> Iterator[Service]:
+    """A Service started with `args` and ready, stopped on the way out."""
+    svc = Service(args, home=home, env=env)
+    try:
+        svc.wait_ready(timeout=ready_timeout)
+        yield svc
+    finally:
+        svc.stop()
 
 
 def kv_block_bytes(model_dir: Path, block_tokens: int) -> int:

@@ -18,15 +18,13 @@ import jsonschema
 import pytest
 
 from router.config import RouterConfig
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(1200)
 
 CLIENTS = Path(__file__).resolve().parents[1] / "clients"  # request bodies captured from the real clients
 KEEPALIVE_S = 2.0  # short, so the replays' prefills show their pings
-# The hang-up test leaves at the first keep-alive after this long: enough for the first
-# 256-token blocks of its 7k-token prompt on a 2-core machine (~70 tok/s cold here).
-HANGUP_AFTER_S = 8.0
+BLOCK_TOKENS = 256  # the service's default cache block
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_SCHEMA = {
     "type": "object",
@@ -50,13 +48,9 @@ HAS_MODEL_ALIASES = any(f.name == "model_aliases" for f in dataclasses.fields(Ro
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """One service for the module; a small output cap so replayed bodies (max_tokens 128000)
     end in seconds: the cap clamps, it never refuses."""
-    svc = Service(["--model", str(default_model_dir), "--max-output-tokens", "48",
-                   "--sse-keepalive-s", str(KEEPALIVE_S)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--max-output-tokens", "48",
+                         "--sse-keepalive-s", str(KEEPALIVE_S)], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")
@@ -304,34 +298,40 @@ def test_the_tool_result_turn_reads_the_main_turns_prefix_from_the_cache(service
 
 
 def test_a_resend_after_a_hangup_resumes_from_the_abandoned_prefill(service: Service, model: str) -> None:
-    """Claude Code's timeout path: the client gives up mid-prefill (at its first keep-alive)
-    and sends the identical body again. The abandoned request is aborted at the worker (it
-    does not hold the model while the copy waits), and the copy reads the blocks it had
-    completed from the cache instead of computing them again."""
+    """Claude Code's timeout path: the client gives up mid-prefill and sends the identical
+    body again. The abandoned request is aborted at the worker (it does not hold the model
+    while the copy waits), and the copy reads the blocks it had completed from the cache
+    instead of computing them again.
+
+    The client hangs up once the cache probe sees the prompt's first blocks stored, not
+    after a fixed time: on any machine that is mid-prefill, so the test cannot skip."""
     log = " ".join(f"entry {i}: request {i * 7} served in {i % 13} ms from worker {i % 3}." for i in range(330))
     body = {"model": model, "max_tokens": 8, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Which worker served request 700?\n" + log}]}
-    keepalives = 0
     with httpx.stream("POST", f"{service.base_url}/v1/messages", json=body, timeout=600) as response:
         assert response.status_code == 200
-        start, message_id = None, None
-        began = time.monotonic()
-        for event in sse_events_until(response, lambda e: e["type"] == "ping" or e["type"] == "message_start"):
-            if event["type"] == "message_start":
-                start, message_id = event["message"]["usage"], event["message"]["id"]
-            elif time.monotonic() - began >= HANGUP_AFTER_S:
-                keepalives += 1
-                break  # hang up, mid-prefill, once the first blocks can have completed
-    assert start is not None
-    prompt_tokens = start["input_tokens"] + start["cache_read_input_tokens"]
-    assert prompt_tokens > 6000
-    if not keepalives:
-        pytest.skip(f"{prompt_tokens} tokens prefilled within one keep-alive interval: nothing to hang up on")
+        events = sse_events_until(response, lambda e: e["type"] == "message_start")
+        start = next(events)["message"]  # `events` stays referenced: closing it would hang up now
+        deadline = time.monotonic() + 300
+        while (seen := probe_cache(service, body))["hot_tokens"] < BLOCK_TOKENS:
+            assert time.monotonic() < deadline, f"no block of the prompt was cached within 300 s: {seen}"
+            time.sleep(0.1)
+    # leaving the block hung up
+    prompt_tokens = start["usage"]["input_tokens"] + start["usage"]["cache_read_input_tokens"]
+    assert prompt_tokens > 6000 and seen["prompt_tokens"] == prompt_tokens
+    assert seen["hot_tokens"] <= prompt_tokens - 2 * BLOCK_TOKENS, f"hung up after the prefill, not during it: {seen}"
     again = stream_raw(service, body)
     usage = next(e for e in again if e["type"] == "message_delta")["usage"]
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] == prompt_tokens
-    assert 256 <= usage["cache_read_input_tokens"] < prompt_tokens, usage
-    assert f"request {message_id} aborted after 0 tokens" in service.log_text()
+    assert seen["hot_tokens"] <= usage["cache_read_input_tokens"] < prompt_tokens, (seen, usage)
+    assert f"request {start['id']} aborted after 0 tokens" in service.log_text()
+
+
+def probe_cache(service: Service, body: dict[str, Any]) -> dict[str, Any]:
+    """Where `body`'s prompt is cached now (`POST /admin/cache/probe`): it only looks."""
+    response = httpx.post(f"{service.base_url}/admin/cache/probe", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
 
 
 def sse_events_until(response: httpx.Response, wanted: Any) -> Iterator[dict[str, Any]]:

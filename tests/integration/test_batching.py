@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from bench.common import eos_token_ids
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,6 +22,7 @@ def no_eos(model_dir: Path) -> dict[str, float]:
     return {str(i): -100 for i in eos_token_ids(model_dir)}
 
 
+SALT = __name__  # this module's cache salts: no other module on the shared service uses them
 TOPICS = ["the ocean", "volcanoes", "bread baking", "chess openings", "the moon",
           "honey bees", "railways", "glaciers"]
 
@@ -49,7 +50,7 @@ def test_eight_concurrent_requests_equal_their_single_runs(client, model_id) -> 
     with ThreadPoolExecutor(len(TOPICS)) as pool:
         cold = list(pool.map(lambda t: client.chat.completions.create(
             model=model_id, messages=ask(t), temperature=0, max_tokens=24,
-            extra_body={"cache_salt": f"cold-{t}"}), TOPICS))
+            extra_body={"cache_salt": f"{SALT}-cold-{t}"}), TOPICS))
     assert all(r.usage.prompt_tokens_details is None or not r.usage.prompt_tokens_details.cached_tokens
                for r in cold), "a salted request reused cached tokens"
     assert [r.choices[0].message.content for r in cold] == alone
@@ -91,7 +92,7 @@ def test_long_prefill_never_freezes_running_streams(client, model_id, service) -
     streams: list[list[float]] = [[] for _ in range(4)]
     threads = [
         threading.Thread(target=timed_stream, args=(client, model_id, ask(TOPICS[i]), 300, streams[i]),
-                         kwargs={"extra_body": {"cache_salt": f"s{i}"}})
+                         kwargs={"extra_body": {"cache_salt": f"{SALT}-s{i}"}})
         for i in range(4)
     ]
     for t in threads:
@@ -101,7 +102,8 @@ def test_long_prefill_never_freezes_running_streams(client, model_id, service) -
     arrived = time.monotonic()
     # a salt keeps the long prompt from hitting the blocks cached by the run above
     long_stamps: list[float] = []
-    contended = timed_stream(client, model_id, long_prompt(500), 1, long_stamps, extra_body={"cache_salt": "fresh"})
+    contended = timed_stream(client, model_id, long_prompt(500), 1, long_stamps,
+                             extra_body={"cache_salt": f"{SALT}-fresh"})
     # a step that carries a chunk while 4 streams decode also runs their decode: on a busy
     # 2-core machine that step, not the chunk alone, is what a stream waits for. An
     # unchunked prefill still fails: its one step would be all the chunks (3-4 of them)
@@ -136,6 +138,7 @@ def test_disconnecting_streams_frees_their_slots(client, model_id, service, defa
                 if stop_reading[i].is_set():
                     return  # leaving the block closes the connection
 
+    mark = service.log_mark()
     threads = [threading.Thread(target=read, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
@@ -158,7 +161,7 @@ def test_disconnecting_streams_frees_their_slots(client, model_id, service, defa
         stop_reading[i].set()
     for t in threads:
         t.join()
-    assert service.log_text().count("aborted after") >= 4
+    assert service.log_since(mark).count("aborted after") >= 4
 
 
 BURST_WINDOW_MS = 300
@@ -167,14 +170,9 @@ BURST_WINDOW_MS = 300
 @pytest.fixture(scope="module")
 def small_service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     # a batch window far above scheduling jitter, so the burst test below is deterministic
-    svc = Service(["--model", str(default_model_dir), "--max-num-seqs", "2", "--max-queue", "2",
-                   "--batch-window-ms", str(BURST_WINDOW_MS)],
-                  home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--max-num-seqs", "2", "--max-queue", "2",
+                         "--batch-window-ms", str(BURST_WINDOW_MS)], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def test_queue_bound_refuses_with_503_and_retry_after(small_service: Service, default_model_dir: Path) -> None:

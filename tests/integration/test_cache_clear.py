@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.service import REPO, Service, free_port
+from tests.integration.service import REPO, Service, free_port, running_service
 from tests.integration.test_pool import make_tiny_dir
 
 pytestmark = pytest.mark.timeout(600)
@@ -41,13 +41,9 @@ def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     models = tmp_path_factory.mktemp("models")
     os.symlink(default_model_dir, models / DEFAULT)
     make_tiny_dir(models / TINY, default_model_dir)
-    svc = Service(["--model-dir", str(models), "--model", DEFAULT, "--block-tokens", str(BLOCK)],
-                  home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model-dir", str(models), "--model", DEFAULT, "--block-tokens", str(BLOCK)],
+                         tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

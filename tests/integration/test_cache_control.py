@@ -16,7 +16,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.integration.service import Service, kv_block_bytes
+from tests.integration.service import Service, kv_block_bytes, running_service
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -38,14 +38,10 @@ def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     """A hot tier of a few blocks and no cold tier: only a pin can keep a prefix through
     other traffic. Its byte size comes from the model's block size (fp32 K and V here)."""
     block_bytes = kv_block_bytes(default_model_dir, BLOCK_TOKENS)
-    svc = Service(["--model", str(default_model_dir), "--no-cold-tier", "--block-tokens", str(BLOCK_TOKENS),
-                   "--hot-tier-bytes", str(HOT_TIER_BLOCKS * block_bytes), "--max-output-tokens", "4",
-                   "--heartbeat-s", "0.5"], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--no-cold-tier", "--block-tokens", str(BLOCK_TOKENS),
+                         "--hot-tier-bytes", str(HOT_TIER_BLOCKS * block_bytes), "--max-output-tokens", "4",
+                         "--heartbeat-s", "0.5"], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -36,13 +36,9 @@ BURST = 26  # what Claude Code's /context sends at once
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """One sequence at a time, so a running generation holds the only slot: anything that
     queued behind it would wait for it to end."""
-    svc = Service(["--model", str(default_model_dir), "--api-key", KEY, "--max-num-seqs", "1"],
-                  home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--api-key", KEY, "--max-num-seqs", "1"],
+                         tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -35,12 +35,8 @@ def service(default_model_dir: Path, embedding_model_dir: Path,
     home = tmp_path_factory.mktemp("home")
     (home / "models").mkdir()
     (home / "models" / MODEL).symlink_to(embedding_model_dir)
-    svc = Service(["--model", str(default_model_dir), "--batch-window-ms", "20"], home=home)
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--batch-window-ms", "20"], home) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def post(service: Service, path: str, body: dict) -> httpx.Response:

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -31,12 +31,9 @@ def service(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     # Qwen2.5-Coder-0.5B writes its calls as bare JSON objects, which the default
     # (`generated_calls = "markup"`) renders back in the template's markup: `always` is the
     # setting whose tokens these tests follow into the next turn
-    svc = Service(["--model", str(qwen_model_dir), "--generated-calls", "always"], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready(timeout=300)
+    with running_service(["--model", str(qwen_model_dir), "--generated-calls", "always"],
+                         tmp_path_factory.mktemp("home"), ready_timeout=300) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def test_openai_turn_two_reads_turn_one_and_its_call_from_cache(service: Service) -> None:

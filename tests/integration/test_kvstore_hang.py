@@ -19,7 +19,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,13 +42,10 @@ def prompt(topic: str) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(["--model", str(default_model_dir), "--heartbeat-s", "0.5", "--block-tokens", str(BLOCK_TOKENS),
-                   "--kvstore-ping-timeout-s", str(PING_TIMEOUT_S)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--heartbeat-s", "0.5",
+                          "--block-tokens", str(BLOCK_TOKENS), "--kvstore-ping-timeout-s", str(PING_TIMEOUT_S)],
+                         tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 class Stream:

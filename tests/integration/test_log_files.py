@@ -17,7 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.service import REPO, Service
+from tests.integration.service import REPO, Service, running_service
 from tests.integration.test_pool import make_tiny_dir
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,13 +31,10 @@ ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d")
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     models = tmp_path_factory.mktemp("models")
     make_tiny_dir(models / TINY, default_model_dir)
-    svc = Service(["--model-dir", str(models), "--model", TINY, "--log-format", "json",
-                   "--log-max-bytes", str(MAX_BYTES), "--log-level", "debug"], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model-dir", str(models), "--model", TINY, "--log-format", "json",
+                          "--log-max-bytes", str(MAX_BYTES), "--log-level", "debug"],
+                         tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

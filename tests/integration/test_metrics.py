@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.service import REPO, Service
+from tests.integration.service import REPO, Service, running_service
 from tests.router.test_logs_cli import ctrl_c_as_a_terminal_sends_it
 
 pytestmark = pytest.mark.timeout(600)
@@ -85,6 +85,14 @@ def expected_deltas(usages: list[dict[str, int]]) -> dict[str, int]:
 
 def moved(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
+
+
+@pytest.fixture(scope="module")
+def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    """A service of its own, not the shared one: these tests count the model's loads from
+    the first and restart its worker."""
+    with running_service(["--model", str(default_model_dir)], tmp_path_factory.mktemp("home")) as svc:
+        yield svc
 
 
 def test_counters_and_histograms_move_by_what_the_answers_say(service: Service, model_id: str) -> None:

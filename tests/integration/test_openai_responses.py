@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 from tests.integration.test_anthropic_messages import shortened
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,13 +39,9 @@ def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     """The service with a small output cap (replayed bodies end in seconds), keep-alives
     every second (the replayed prefills show them) and Codex's model name served by the
     default model, through `model_aliases`."""
-    svc = Service(["--model", str(default_model_dir), "--max-output-tokens", "40", "--sse-keepalive-s", "1",
-                   "--model-aliases", f"{CODEX_MODEL}=<default>"], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--max-output-tokens", "40", "--sse-keepalive-s", "1",
+                         "--model-aliases", f"{CODEX_MODEL}=<default>"], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 CAP = 24
 PROFILE_CAP = 8
@@ -21,12 +21,8 @@ LONG = [{"role": "user", "content": "Write a long story about a dragon who learn
 def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     home = tmp_path_factory.mktemp("home")
     (home / "config.toml").write_text(f'[profiles."{default_model_dir.name}:short"]\nmax_output_tokens = {PROFILE_CAP}\n')
-    svc = Service(["--model", str(default_model_dir), "--max-output-tokens", str(CAP)], home=home)
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--max-output-tokens", str(CAP)], home) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def test_caps(service: Service, default_model_dir: Path) -> None:

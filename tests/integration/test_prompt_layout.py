@@ -15,7 +15,7 @@ import httpx
 import pytest
 import transformers
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(1800)  # two cold prefills of ~1.8K tokens on Qwen 0.5B
 
@@ -44,12 +44,8 @@ def service(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     home = tmp_path_factory.mktemp("home")
     config = home / "config.toml"
     config.write_text(f'[profiles."{TEMPLATE_PROFILE}"]\nprompt_layout = "template"\n')
-    svc = Service(["--model", str(qwen_model_dir), "--config", str(config)], home=home)
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(qwen_model_dir), "--config", str(config)], home) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def body(model: str, project: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from mlx_lm.utils import load_tokenizer
 
 from tests.integration.logprobs_reference import (Step, StockReference, assert_same_choices, max_difference,
                                                   text_bytes)
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -29,12 +29,8 @@ NEGATIVE_CONTROL = 1e-2
 
 @pytest.fixture(scope="module")
 def qwen_service(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(["--model", str(qwen_model_dir)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(qwen_model_dir)], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def served_steps(client: openai.OpenAI, prompt: list[int]) -> list[Step]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import running_service
 from tests.integration.test_qwen_tool_calls import ASK, WEATHER
 
 pytestmark = pytest.mark.timeout(1200)
@@ -25,12 +25,9 @@ MODEL = "qwen2.5-coder-1.5b"
 
 @pytest.fixture(scope="module")
 def qwen(qwen_1_5b_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[openai.OpenAI]:
-    svc = Service(["--model", str(qwen_1_5b_model_dir)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready(timeout=600)
+    with running_service(["--model", str(qwen_1_5b_model_dir)],
+                         tmp_path_factory.mktemp("home"), ready_timeout=600) as svc:
         yield openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key="unused", max_retries=0, timeout=900)
-    finally:
-        svc.stop()
 
 
 def test_round_trip_call_result_then_an_answer_that_uses_it(qwen: openai.OpenAI) -> None:

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall as ToolCall
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -25,12 +25,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def qwen(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.OpenAI, Service]]:
-    svc = Service(["--model", str(qwen_model_dir)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(qwen_model_dir)], tmp_path_factory.mktemp("home")) as svc:
         yield openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key="unused", max_retries=0, timeout=600), svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from router.cli.service_file import find_service, read_service_file
-from tests.integration.service import REPO, Service, free_port
+from tests.integration.service import REPO, Service, free_port, running_service
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,12 +64,8 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def first(default_model_dir: Path, home: Path) -> Iterator[Service]:
-    svc = Service(["--model", str(default_model_dir)], home=home)
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir)], home) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ class Pet(BaseModel):
 
 # exactly what parse() sends for Pet, for the requests that stream or set other fields
 PET_FORMAT = type_to_response_format_param(Pet)
+SALT = __name__  # this module's cache salts: no other module on the shared service uses them
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +89,15 @@ def stream_chat(client, model_id: str, messages: list[dict], stamps: list[float]
 def test_a_free_request_beside_a_constrained_one_equals_its_solo_run(client, model_id) -> None:
     free = [{"role": "user", "content": "Write two sentences about the sea."}]
     constrained = [{"role": "user", "content": "Describe a pet of our shop."}]
-    solo = stream_chat(client, model_id, free, [], extra_body={"cache_salt": "solo"})
+    solo = stream_chat(client, model_id, free, [], extra_body={"cache_salt": f"{SALT}-solo"})
     results: dict[str, str] = {}
     stamps: dict[str, list[float]] = {"free": [], "json": []}
     threads = [
         threading.Thread(target=lambda: results.update(free=stream_chat(
-            client, model_id, free, stamps["free"], extra_body={"cache_salt": "pair"}))),
+            client, model_id, free, stamps["free"], extra_body={"cache_salt": f"{SALT}-pair"}))),
         threading.Thread(target=lambda: results.update(json=stream_chat(
             client, model_id, constrained, stamps["json"], response_format=PET_FORMAT,
-            extra_body={"cache_salt": "pair"}))),
+            extra_body={"cache_salt": f"{SALT}-pair"}))),
     ]
     for thread in threads:
         thread.start()
@@ -112,7 +113,8 @@ def test_a_constrained_answer_from_a_cached_prefix_equals_scratch(client, model_
     def ask(question: str, salt: str, **extra):
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
         return client.chat.completions.create(model=model_id, messages=messages, temperature=0,
-                                              extra_body={"cache_salt": salt}, **{"max_tokens": 200, **extra})
+                                              extra_body={"cache_salt": f"{SALT}-{salt}"},
+                                              **{"max_tokens": 200, **extra})
 
     question = "Describe the pet of aisle 7."
     scratch = ask(question, "scratch", response_format=PET_FORMAT)

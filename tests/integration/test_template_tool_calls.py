@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 from tests.integration.test_pool import make_tiny_dir
 
 pytestmark = pytest.mark.timeout(600)
@@ -93,13 +93,9 @@ def models(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def service(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service(["--model-dir", str(models), "--model", FAMILIES["llama3_json"].model, "--no-cold-tier",
-                   "--block-tokens", str(BLOCK_TOKENS)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model-dir", str(models), "--model", FAMILIES["llama3_json"].model, "--no-cold-tier",
+                         "--block-tokens", str(BLOCK_TOKENS)], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.integration.service import Service
+from tests.integration.service import Service, running_service
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -41,13 +41,9 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 def tool_service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     """The service with a small output cap, so that replayed client bodies (max_tokens
     32000, or none) end in seconds: the cap clamps, it never refuses."""
-    svc = Service(["--model", str(default_model_dir), "--max-output-tokens", "48"],
-                  home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir), "--max-output-tokens", "48"],
+                         tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -15,19 +15,15 @@ import openai
 import pytest
 from safetensors.numpy import save_file
 
-from tests.integration.service import REPO, Service, free_port
+from tests.integration.service import REPO, Service, free_port, running_service
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def killable(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    svc = Service(["--model", str(default_model_dir)], home=tmp_path_factory.mktemp("home"))
-    try:
-        svc.wait_ready()
+    with running_service(["--model", str(default_model_dir)], tmp_path_factory.mktemp("home")) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def worker_info(svc: Service) -> dict:
