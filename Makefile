@@ -67,7 +67,7 @@ test: install
 # Every test that needs no real model and no network (marked by tests/conftest.py): the run
 # for every change. `make test` runs them all and is what CI runs.
 test-fast: install
-	$(BIN)/python -m pytest -m fast $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m fast -n auto $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python bench/run_all.py
