@@ -9,7 +9,8 @@ completes and never forces EOS); the sampling setup is otherwise identical. Ever
 gets its own cache salt: no prefix hits. On one server, each repeat runs free and
 constrained back to back at each N (see `repeat_order`); the headline ratios are the
 medians over `--repeats` of those paired ratios. The matcher's mean time per token is
-the worker's own (`mlxd.timings.grammar_s` / tokens). Prints one JSON object on stdout;
+the worker's own (`mlxd.timings.grammar_s` / tokens); `step_split` says how each arm's
+steps spent their time (the worker's counters on /metrics). Prints one JSON object on stdout;
 progress on stderr.
 """
 
@@ -38,6 +39,7 @@ from common import (
     summarize_streams,
     wait_for_quiet,
 )
+from step_split import engine_counters, step_split
 
 CHAT = "/v1/chat/completions"
 EOS_BIAS = -100.0
@@ -96,9 +98,12 @@ def _measure(server: Server, n: int, num_constrained: int, max_tokens: int, logi
              quiet_wait_s: float) -> dict[str, Any]:
     bodies = [body(server, i, i < num_constrained, max_tokens, logit_bias) for i in range(n)]
     wait_for_quiet(quiet_wait_s, mine=())
+    before = engine_counters(server.base_url, server.model)
     meter = CpuMeter([server.process.pid])
     results = run_concurrently(server.base_url, bodies, CHAT)
     summary = {**summarize_streams(results), "other_cpu_cores": meter.other_cores()}
+    summary["step_split"] = step_split(before, engine_counters(server.base_url, server.model),
+                                       summary.get("wall_s") or 0.0)
     constrained = results[:num_constrained]
     tokens = sum(r.completion_tokens or 0 for r in constrained)
     grammar_s = sum(float((r.extension.get("timings") or {}).get("grammar_s", 0.0)) for r in constrained)
@@ -176,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 log("%s (repeat %d): %s tok/s, min tokens %s, other load %s cores", name, repeat + 1,
                     summary["aggregate_tok_s"], summary["min_completion_tokens"], summary["other_cpu_cores"])
                 runs[name].append(summary)
-    results = {name: median_of_runs(r, ("aggregate_tok_s", "other_cpu_cores")) for name, r in runs.items() if r}
+    results = {name: median_of_runs(r, ("aggregate_tok_s", "other_cpu_cores", "step_split"))
+               for name, r in runs.items() if r}
     agg = {name: r.get("aggregate_tok_s") for name, r in results.items()}
     by_repeat = {f"constrained_ratio_n{n}_by_repeat": paired_ratios(runs, f"n{n}_constrained", f"n{n}_free")
                  for n in (8, 1)}
@@ -190,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         "constrained_ratio_n8_of_medians": ratio(agg.get("n8_constrained"), agg.get("n8_free")),
         "constrained_ratio_n1_of_medians": ratio(agg.get("n1_constrained"), agg.get("n1_free")),
         "half_ratio_n8_of_medians": ratio(agg.get("n8_half"), agg.get("n8_free")),
+        # per arm and repeat, how the worker's steps split their time (bench/step_split.py)
+        "step_split": {name: [r.get("step_split") for r in arm_runs] for name, arm_runs in runs.items()},
     }
     targets = {key: {"target": f">= {goal}", "value": figures[key],
                      "met": None if figures[key] is None else figures[key] >= goal}

@@ -50,6 +50,15 @@ WORKER_COUNTERS: dict[str, tuple[str, str]] = {
     "cold_queued_blocks": ("mlxd_write_behind_queued_blocks", "blocks a worker queued for writing to the SSD cold tier"),
     "cold_dropped_blocks": ("mlxd_write_behind_dropped_blocks",
                             "blocks a worker dropped from its SSD write-behind queue (full, or cleared)"),
+    "steps": ("mlxd_engine_steps", "batch steps a worker ran (decode steps and prefill chunks)"),
+    "step_rows": ("mlxd_engine_step_rows", "sequences decoding, summed over steps (/ steps: the mean batch)"),
+    "step_seconds": ("mlxd_engine_step_seconds", "host time in a worker's steps, tokens handed out included"),
+    "step_generate_seconds": ("mlxd_engine_step_generate_seconds",
+                              "host time inside the batch generator: building and running the steps"),
+    "grammar_wait_seconds": ("mlxd_grammar_wait_seconds",
+                             "time constrained steps waited for the step before to read its tokens"),
+    "grammar_mask_seconds": ("mlxd_grammar_mask_seconds",
+                             "time the grammar engine spent consuming tokens and computing masks"),
 }
 KVSTORE_COUNTERS: dict[str, tuple[str, str]] = {
     "puts": ("mlxd_cold_tier_writes", "blocks the kvstore wrote to the SSD cold tier"),

@@ -32,6 +32,7 @@ from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompt_questions import PromptQuestions
 from worker.prompts import longest_token_chars
+from worker.step_clock import StepClock
 from worker.stop_strings import StopStringFilter
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Engine:
         self.vocab_size = self._vocab_size
         self.max_token_chars = longest_token_chars(self._tokenizer)
         self._grammar_batch = GrammarBatch(self._vocab_size)
+        self.clock = StepClock()
         self._pacer = PrefillPacer(settings.prefill_chunk_tokens)
         self._admitter = Admitter(self._tokenizer, self._vocab_size, self.eos_token_ids, self.context_length,
                                   self.max_token_chars, settings, prefix_cache, self._grammar_batch)
@@ -111,7 +113,8 @@ class Engine:
         """Memory and cache counters, sent with every pong for the status route."""
         return {"mlx_active_bytes": mx.get_active_memory(), "mlx_peak_bytes": mx.get_peak_memory(),
                 "mlx_cache_bytes": mx.get_cache_memory(),
-                "num_active": self.num_active, **self.prefix_cache.stats()}
+                "num_active": self.num_active, **self.prefix_cache.stats(),
+                **self.clock.stats(self._grammar_batch.wait_s, self._grammar_batch.mask_s)}
 
     def add(self, request: AddRequest, prepared: PreparedPrompt | None = None, arrived: float | None = None) -> None:
         """Admit, plan and start a request. `prepared` is the worker's tokenizer thread's
@@ -288,6 +291,7 @@ class Engine:
                 self.prefix_cache.capture_final(plan, caches, tokens)
             except Exception:  # the answer is out; only the cache misses this prefix
                 log.exception("capturing a finished request's cache failed")
+        self.clock.record(len(generation_responses), began, now, time.perf_counter())
 
     def _guarded(self, active: ActiveRequest, handle: Callable[..., None], *args: Any) -> None:
         """Run one sequence's share of a step; if it fails, that request fails (a 500)

@@ -29,6 +29,8 @@ class StepMasks(Protocol):
 
     def take(self, processor: GrammarProcessor, context: mx.array) -> np.ndarray | None: ...
 
+    def note_alone(self, wait_s: float, mask_s: float) -> None: ...
+
 
 class GrammarError(RuntimeError):
     """The grammar engine stopped on a request mid-generation (a resource limit of a
@@ -113,12 +115,16 @@ class GrammarProcessor:
         if allowed is None:
             # The one host sync: the tokens sampled since the last call (already computed).
             start = self.next_position
+            waited = time.perf_counter()
             new_tokens = context[start:].tolist() if context.shape[0] > start else []
             started = time.perf_counter()
             self.consume(new_tokens)
             allowed = self.allowed(self._words if self.mask_into(self._words) else None)
-            self.seconds += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.seconds += spent
             self.num_masks += 1
+            if self._batch is not None:
+                self._batch.note_alone(started - waited, spent)
         self.last_step = self._batch.step if self._batch is not None else 0
         width = logits.shape[-1]
         if allowed.shape[0] != width:  # logits wider than the vocabulary: padding ids, never allowed

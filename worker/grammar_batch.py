@@ -38,6 +38,10 @@ class GrammarBatch:
         self._words = np.zeros((8, (vocab_size + 31) // 32), dtype=np.int32)
         threads = num_threads or min(os.cpu_count() or 1, 8)  # more than a batch's masks would idle
         self._executor = llguidance.LLExecutor(num_threads=threads)
+        # host time since start, for the step's time split (Engine.stats): waiting for the
+        # step before to finish so its tokens can be read, and consuming them + masks
+        self.wait_s = 0.0
+        self.mask_s = 0.0
 
     def begin(self, generator: BatchGenerator) -> None:
         """A new step of `generator` is about to run."""
@@ -69,8 +73,10 @@ class GrammarBatch:
                   if isinstance(p, GrammarProcessor) and p.last_step == self.step - 1]
         if not steady:
             return
+        waited = time.perf_counter()
         new_tokens = tokens.tolist()  # the one host sync of the step
         started = time.perf_counter()
+        self.wait_s += started - waited
         for row, processor in steady:
             processor.consume([new_tokens[row]])
         masked = [p for _, p in steady if p.needs_mask]
@@ -83,11 +89,18 @@ class GrammarBatch:
             processor.check_matcher()
             i = rows_of.get(id(processor))
             self._masks[id(processor)] = processor.allowed(words[i] if i is not None else None)
-        share = (time.perf_counter() - started) / len(steady)
+        spent = time.perf_counter() - started
+        self.mask_s += spent
+        share = spent / len(steady)
         for _, processor in steady:
             processor.seconds += share
             processor.num_masks += 1
             processor.num_batched += 1
+
+    def note_alone(self, wait_s: float, mask_s: float) -> None:
+        """A processor read its tokens and computed its mask alone (see `take`)."""
+        self.wait_s += wait_s
+        self.mask_s += mask_s
 
     def _buffer(self, num_rows: int) -> np.ndarray:
         """Room for `num_rows` masks, reused from step to step."""

@@ -95,6 +95,37 @@ def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         yield svc
 
 
+def test_the_step_counters_split_the_steps_and_only_a_constrained_request_moves_the_grammar_s(
+        service: Service, model_id: str) -> None:
+    """The worker's step clock (worker/step_clock.py), as bench/structured.py reads it: a
+    free answer moves the steps and their time but not the grammar's; a constrained one
+    moves the grammar's too, and every part stays inside the whole it belongs to."""
+    client = OpenAI(base_url=f"{service.base_url}/v1", api_key="unused", max_retries=0)
+    steps = "mlxd_engine_steps_total"
+
+    def settled(before: Samples, at_least: float) -> Samples:
+        wait_for(lambda: moved(before, scrape(service), steps, model=model_id) >= at_least, "the steps in a pong")
+        time.sleep(2.5)  # one more heartbeat: the pong after the last step
+        return scrape(service)
+
+    before = scrape(service)
+    free = client.chat.completions.create(model=model_id, max_tokens=10, temperature=0, messages=[
+        {"role": "user", "content": "Name three colours."}], extra_body={"cache_salt": "step-clock-free"})
+    after_free = settled(before, free.usage.completion_tokens)
+    assert moved(before, after_free, "mlxd_engine_step_rows_total", model=model_id) >= free.usage.completion_tokens - 1
+    assert moved(before, after_free, "mlxd_grammar_mask_seconds_total", model=model_id) == 0
+    assert moved(before, after_free, "mlxd_grammar_wait_seconds_total", model=model_id) == 0
+    constrained = client.chat.completions.create(
+        model=model_id, max_tokens=10, temperature=0, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "Three colours as JSON."}], extra_body={"cache_salt": "step-clock-json"})
+    after = settled(after_free, constrained.usage.completion_tokens)
+    mask = moved(after_free, after, "mlxd_grammar_mask_seconds_total", model=model_id)
+    wait = moved(after_free, after, "mlxd_grammar_wait_seconds_total", model=model_id)
+    generate = moved(after_free, after, "mlxd_engine_step_generate_seconds_total", model=model_id)
+    whole = moved(after_free, after, "mlxd_engine_step_seconds_total", model=model_id)
+    assert 0 < mask and 0 <= wait and mask + wait <= generate <= whole, (mask, wait, generate, whole)
+
+
 def test_counters_and_histograms_move_by_what_the_answers_say(service: Service, model_id: str) -> None:
     client = OpenAI(base_url=f"{service.base_url}/v1", api_key="unused", max_retries=0)
     before = scrape(service)
