@@ -4,8 +4,12 @@ config file, beside the service-wide settings in `router.config`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from router.config_values import normalize_fields, setting
+
+if TYPE_CHECKING:
+    from router.profiles import Profile
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,17 @@ class ModelSettings:
     )
     max_output_tokens: int | None = setting(
         None, "most tokens one request to this model may generate, below the service-wide max_output_tokens")
+    tool_text_recovery: bool = setting(
+        True, "read an answer that is only a call written as text (a bare or fenced JSON call, or `# Tool` then its "
+        "arguments) as that call, when its arguments fit exactly that tool's schema; false: such text stays text")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
+
+
+def tool_text_recovery(settings: ModelSettings, profile: Profile | None) -> bool:
+    """Whether a request's calls written as text are read: the profile's switch when it
+    sets one, else the model's."""
+    if profile is not None and profile.tool_text_recovery is not None:
+        return profile.tool_text_recovery
+    return settings.tool_text_recovery

@@ -74,6 +74,9 @@ class Profile:
     prompt_layout: str | None = setting(
         None, "stable_first or template: how this profile's chat prompts with tools are laid out (default: the "
         "service's prompt_layout)")
+    tool_text_recovery: bool | None = setting(
+        None, "read an answer that is only a call written as text as that call (see the model setting of that name; "
+        "default: the model's)")
 
     def __post_init__(self) -> None:
         normalize_fields(self)

@@ -15,6 +15,7 @@ a dead worker `WorkerDead`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from protocol.errors import ProtocolError, RequestError
 from protocol.messages import ErrorEvent, FinishEvent, Message, Ready
 from router.call_memory import CallMemory, GeneratedAnswer, mark_history
 from router.json_body import parse_json_body
+from router.model_settings import tool_text_recovery
 from router.pending_streams import PendingStream
 from router.children.pool import WorkerPool
 from router.profiles import Profile
@@ -73,6 +75,8 @@ async def stream(request: Request, dialect: Dialect) -> Response:
     _check_num_messages(parsed, request.app.state.config.max_messages)
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.middleware.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
+    settings = pool.config.settings_for(model_id)
+    parsed = _with_tool_switches(parsed, text_recovery=tool_text_recovery(settings, profile))
     pool.names.check_kind(model_id)
     supervisor = pool.waits.ready_now(model_id)
     if supervisor is not None:
@@ -157,6 +161,16 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
     events.on_finish = _on_finish(pool, model_id, parsed, getattr(request.state, "api_key_name", None), received,
                                   memory if answer is not None else None, answer)
     return events
+
+
+def _with_tool_switches(parsed: ParsedRequest, **switches: bool) -> ParsedRequest:
+    """The request with its model's (or profile's) switches for its answer's tool calls
+    (`ToolRequest` fields); a request without tools has none to switch."""
+    tools = getattr(parsed, "tools", None)
+    if tools is None or all(getattr(tools, name) == value for name, value in switches.items()):
+        return parsed
+    switched = dataclasses.replace(tools, **switches)
+    return dataclasses.replace(parsed, tools=switched)  # type: ignore[call-arg]  # a ChatRequest's field
 
 
 def _check_num_messages(parsed: ParsedRequest, max_messages: int) -> None:

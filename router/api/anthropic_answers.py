@@ -71,10 +71,15 @@ def final_usage(usage: Usage) -> dict[str, Any]:
 
 
 def message_body(message_id: str, model: str, content: list[dict[str, Any]], stop_reason: str | None,
-                 stop_sequence: str | None, usage: dict[str, Any]) -> dict[str, Any]:
-    """A `message` object: the whole answer, or (empty, no stop reason) `message_start`'s."""
-    return {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
+                 stop_sequence: str | None, usage: dict[str, Any], mlxd: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """A `message` object: the whole answer, or (empty, no stop reason) `message_start`'s;
+    `mlxd`: mlxd's own block, beside Anthropic's fields (SDKs keep unknown keys)."""
+    body = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": usage}
+    if mlxd is not None:
+        body["mlxd"] = mlxd
+    return body
 
 
 def tool_use_id(call_id: str) -> str:
@@ -99,6 +104,13 @@ class ContentBlocks:
     @property
     def has_tool_use(self) -> bool:
         return any(block["type"] == "tool_use" for block in self.content)
+
+    @property
+    def extension(self) -> dict[str, Any] | None:
+        """The answer's `mlxd` block once finished: `tool_calls` (calls read from text,
+        repeats) when the request offered tools; None otherwise."""
+        report = self._parser.report if isinstance(self._parser, LateParser) else None
+        return {"tool_calls": report} if report is not None else None
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The events `text`, the answer's next piece, settles."""
@@ -208,7 +220,7 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
             blocks.finish()
             reason, sequence = stop_reason(event, blocks)
             return JSONResponse(message_body(parsed.add.request_id, parsed.model, blocks.content, reason, sequence,
-                                             final_usage(event.usage)))
+                                             final_usage(event.usage), blocks.extension))
         elif isinstance(event, ErrorEvent):
             raise event.to_error()
 
@@ -262,8 +274,11 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 for payload in blocks.finish():
                     yield sse_event(payload)
                 reason, sequence = stop_reason(event, blocks)
-                yield sse_event({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                 "usage": final_usage(event.usage)})
+                delta = {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                         "usage": final_usage(event.usage)}
+                if blocks.extension is not None:
+                    delta["mlxd"] = blocks.extension
+                yield sse_event(delta)
                 yield sse_event({"type": "message_stop"})
                 return
             elif isinstance(event, ErrorEvent):

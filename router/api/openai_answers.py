@@ -69,7 +69,8 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
             reason = tools.finish_reason(event.finish_reason) if tools is not None else event.finish_reason
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
                                                 content, reason, event.usage, event.timings, tool_calls,
-                                                take_logprobs(logprobs)))
+                                                take_logprobs(logprobs),
+                                                tool_report=tools.report if tools is not None else None))
         elif isinstance(event, ErrorEvent):
             raise event.to_error()
 
@@ -195,7 +196,8 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
                 last = stream_chunk(kind, rid, model, created, text=None if kind == "chat" else "",
                                     finish_reason=reason, include_usage=include_usage,
                                     logprobs=take_logprobs(logprobs))
-                last["mlxd"] = timings_extension(event.timings, event.usage)
+                last["mlxd"] = timings_extension(event.timings, event.usage,
+                                                 tools.report if tools is not None else None)
                 yield sse_data(last)
                 if include_usage:
                     yield sse_data(usage_chunk(kind, rid, model, created, event.usage))

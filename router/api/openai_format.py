@@ -88,9 +88,11 @@ def usage_chunk(kind: str, request_id: str, model: str, created: int, usage: Usa
     }
 
 
-def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str, Any]:
+def timings_extension(timings: Timings, usage: Usage | None = None,
+                      tool_report: dict[str, Any] | None = None) -> dict[str, Any]:
     """mlxd's own per-request timings and cache use, beside the OpenAI fields (clients
-    ignore it)."""
+    ignore it); with `tool_report` (a request with tools), what its calls were:
+    `router.tool_calls.late_parser`."""
     timings_body = {k: round(v, 6) for k, v in dataclasses.asdict(timings).items()}
     extension: dict[str, Any] = {"timings": old_names.with_old_keys(timings_body, old_names.TIMINGS)}
     if usage is not None:
@@ -98,6 +100,8 @@ def timings_extension(timings: Timings, usage: Usage | None = None) -> dict[str,
             "cached_tokens": usage.cached_tokens, "cold_tokens": usage.cold_tokens, "cold_bytes": usage.cold_bytes,
             "uncached_tokens": usage.prompt_tokens - usage.cached_tokens, **misses_body(usage.misses)},
             old_names.USAGE_CACHE)
+    if tool_report is not None:
+        extension["tool_calls"] = tool_report
     return extension
 
 
@@ -116,7 +120,8 @@ def misses_body(misses: CacheMisses | None) -> dict[str, Any]:
 def completion_body(kind: str, request_id: str, model: str, created: int, text: str | None,
                     finish_reason: str, usage: Usage, timings: Timings | None = None,
                     tool_calls: list[dict[str, Any]] | None = None,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                    logprobs: dict[str, Any] | None = None, tool_report: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """A whole non-streamed answer: `chat.completion` or `text_completion`. A chat answer
     that is only tool calls has `content: null`, as OpenAI's."""
     if kind == "chat":
@@ -140,7 +145,7 @@ def completion_body(kind: str, request_id: str, model: str, created: int, text: 
         "model": model,
         "choices": [choice],
         "usage": usage_body(usage),
-        **({"mlxd": timings_extension(timings, usage)} if timings is not None else {}),
+        **({"mlxd": timings_extension(timings, usage, tool_report)} if timings is not None else {}),
     }
 
 

@@ -30,6 +30,7 @@ from router.tool_calls import (
     make_parser,
 )
 from router.tool_calls.late_parser import LateParser
+from router.tool_calls.repeats import last_results
 from router.tool_calls.offer import OfferedTool, ToolChoice, offer_tools
 from router.validation import ParsedRequest, bad, flag, short
 
@@ -121,6 +122,11 @@ class ToolCallAnswer:
     def num_calls(self) -> int:
         return self._parser.num_calls
 
+    @property
+    def report(self) -> dict[str, Any] | None:
+        """`mlxd.tool_calls` of the answer (once finished): calls read from text, repeats."""
+        return self._parser.report if isinstance(self._parser, LateParser) else None
+
     def feed(self, text: str) -> list[dict[str, Any]]:
         """`stream_chunk` keyword arguments for the chunks `text` settles."""
         return _chunk_arguments(self._parser.feed(text))
@@ -169,4 +175,5 @@ def answer_parser(parsed: ChatRequest, stream: Any) -> LateParser:
     its answer before that worker was known (`router.pending_streams`)."""
     tools, label = parsed.tools, parsed.add.request_id
     assert tools is not None
-    return LateParser(lambda: make_parser(tools, stream.request.tool_dialect, label))
+    return LateParser(lambda: make_parser(tools, stream.request.tool_dialect, label),
+                      last_results(parsed.add.messages), label)

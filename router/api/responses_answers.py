@@ -98,7 +98,15 @@ class OutputAssembler:
             "output": [dict(item) for item in self.items] if status != "in_progress" else [],
             "usage": usage_body(usage) if usage is not None else None,
             **parsed.echo,
+            **({"mlxd": self.extension} if status != "in_progress" and self.extension is not None else {}),
         }
+
+    @property
+    def extension(self) -> dict[str, Any] | None:
+        """The finished answer's `mlxd` block: `tool_calls` (calls read from text, repeats)
+        when the request offered tools; None otherwise. SDKs keep unknown keys."""
+        report = self._parser.report if isinstance(self._parser, LateParser) else None
+        return {"tool_calls": report} if report is not None else None
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._sequence, **fields}

@@ -15,6 +15,7 @@ from router.tool_calls.llama3 import LLAMA3_DIALECT
 from router.tool_calls.mistral import MISTRAL_DIALECT
 from router.tool_calls.parser import ToolCallParser, new_call_id, request_call_ids
 from router.tool_calls.request import AUTO, FUNCTION, NONE, REQUIRED, ToolRequest, ToolSpec
+from router.tool_calls.schemas import ToolSchemas
 
 __all__ = [
     "AUTO", "FUNCTION", "NONE", "REQUIRED", "ArgumentsDelta", "CallEnd", "CallStart", "Event", "TextDelta", "ToolCall",
@@ -43,4 +44,4 @@ def make_parser(request: ToolRequest, dialect: str, label: str = "") -> ToolCall
     (the same answer parsed twice has the same ids)."""
     make_id = request_call_ids(label) if label else new_call_id
     return ToolCallParser(dialect_named(dialect), request.names, max_calls=request.max_calls, label=label,
-                          make_id=make_id)
+                          make_id=make_id, text_calls=request.text_recovery, schemas=ToolSchemas(request.tools))

@@ -36,13 +36,17 @@ class ToolDialect:
     only where the answer (or the run of calls it began with) starts; a first non-space
     character there in `opens_at_start` opens a marker-less region (Llama's bare JSON, and
     Mistral's array when the detokenizer drops the special [TOOL_CALLS] token).
-    `region(marker)` reads one region ("" marker: bare)."""
+    `region(marker)` reads one region ("" marker: bare). `text_forms` are the markers
+    ("" too) whose regions hold calls written as text, not in the dialect's own markup:
+    read only where the request allows that, and held to the tools' schemas
+    (`router.tool_calls.written_calls`)."""
 
     name: str
     markers: tuple[str, ...]
     region: Callable[[str], Region]
     opens_at_start: str = ""
     start_markers: tuple[str, ...] = ()
+    text_forms: tuple[str, ...] = ()
 
 
 def call_from_object(value: Any, argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> RawCall | None:

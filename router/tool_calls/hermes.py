@@ -3,8 +3,10 @@ same markup: each call is `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</t
 
 Small models also write the call object bare, without the tags, or in a ```json code
 block (Qwen2.5-Coder-0.5B does both, greedily): an answer that starts with a JSON object
-or such a block is read as calls too, as llama.cpp's Hermes parser does. It only counts as
-calls if each object names an offered function; anything else stays text.
+or such a block is read as calls too, as llama.cpp's Hermes parser does. Those are calls
+written as text (`ToolDialect.text_forms`): read only when the request allows it, and
+only if each object names an offered function whose schema its arguments satisfy;
+anything else stays text.
 """
 
 from __future__ import annotations
@@ -79,5 +81,7 @@ def _region(marker: str) -> Region:
     return TaggedRegion(marker) if marker else JsonCallsRegion(("arguments", "parameters"))
 
 
-HERMES_DIALECT = ToolDialect(HERMES, (CALL_OPEN,), _region, opens_at_start="{", start_markers=(FENCE,))
-MLXD_DIALECT = ToolDialect(MLXD, (CALL_OPEN,), _region, opens_at_start="{", start_markers=(FENCE,))
+HERMES_DIALECT = ToolDialect(HERMES, (CALL_OPEN,), _region, opens_at_start="{", start_markers=(FENCE,),
+                             text_forms=("", FENCE))
+MLXD_DIALECT = ToolDialect(MLXD, (CALL_OPEN,), _region, opens_at_start="{", start_markers=(FENCE,),
+                             text_forms=("", FENCE))

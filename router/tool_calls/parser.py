@@ -14,8 +14,11 @@ import logging
 import uuid
 from collections.abc import Callable, Collection
 
-from router.tool_calls.base import Region, ToolDialect
+from router.tool_calls.base import RawCall, Region, ToolDialect
 from router.tool_calls.events import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta
+from router.tool_calls.request import ToolSpec
+from router.tool_calls.schemas import ToolSchemas
+from router.tool_calls.written_calls import FENCE, WrittenCallRegion
 
 logger = logging.getLogger(__name__)
 
@@ -49,24 +52,40 @@ class ToolCallParser:
     the text it was, with a log line. Whitespace before a call, between calls and at the
     end of an answer with calls is layout, not content, and dropped (an answer without
     calls keeps every character).
+
+    Calls written as text (the dialect's `text_forms`, and an answer that is only one
+    call in another form, `WrittenCallRegion`) are read only with `text_calls`, and
+    count only if each call's arguments satisfy its tool's schema; a call whose name came
+    from the text before its JSON (`# Read` then the arguments) only if they satisfy
+    exactly that one tool's schema, no other's.
     """
 
     def __init__(self, dialect: ToolDialect, tool_names: Collection[str], *, max_calls: int | None = None,
-                 label: str = "", make_id: Callable[[], str] = new_call_id) -> None:
+                 label: str = "", make_id: Callable[[], str] = new_call_id, text_calls: bool = True,
+                 schemas: ToolSchemas | None = None) -> None:
         """`max_calls`: calls beyond it are dropped (`parallel_tool_calls: false` is 1);
-        `label` names the request in log lines."""
+        `label` names the request in log lines; `schemas`: the tools' parameters (None:
+        each tool takes any object)."""
         self._dialect = dialect
         self._names = frozenset(tool_names)
         self._max_calls = max_calls
         self._label = label
         self._make_id = make_id
+        self._schemas = schemas if schemas is not None else ToolSchemas([ToolSpec(name) for name in tool_names])
+        self._text_calls = text_calls
+        forms = () if text_calls else dialect.text_forms
+        self._opens_at_start = "" if "" in forms else dialect.opens_at_start
+        self._start_markers = tuple(m for m in dialect.start_markers if m not in forms)
         self._buffer = ""  # text received and not yet emitted or decided
         # where a bare or start-marked call may begin: the answer's start, or after such calls
-        self._at_start = bool(dialect.opens_at_start or dialect.start_markers)
+        self._at_start = bool(self._opens_at_start or self._start_markers or text_calls)
+        self._fresh = True  # nothing decided yet: the whole answer may be a call written as text
         self._marker = ""  # the marker of the open region
         self._region: Region | None = None
         self._space = ""  # whitespace held back: dropped if a call follows
         self.num_calls = 0
+        self.num_recovered = 0  # of them, calls written as text
+        self.calls: list[RawCall] = []  # the answer's calls so far, each (name, arguments)
 
     def feed(self, text: str) -> list[Event]:
         """The events that `text`, the next piece of the answer, settles."""
@@ -97,19 +116,25 @@ class ToolCallParser:
                 continue
             if self._at_start:
                 body = self._buffer.lstrip()
-                markers = self._dialect.markers + self._dialect.start_markers
+                markers = self._dialect.markers + self._start_markers
                 if not final and any(m.startswith(body) for m in markers):  # also an empty body: all space so far
                     return events
-                self._at_start = False
+                self._at_start, fresh, self._fresh = False, self._fresh, False
                 space = self._buffer[: len(self._buffer) - len(body)]
-                start = next((m for m in self._dialect.start_markers if body.startswith(m)), None)
+                start = next((m for m in self._start_markers if body.startswith(m)), None)
                 if start is not None:
                     self._text(events, space)
                     self._open(start, body[len(start) :])
                     continue
-                if body and body[0] in self._dialect.opens_at_start and not any(map(body.startswith, markers)):
+                if body and body[0] in self._opens_at_start and not any(map(body.startswith, markers)):
                     self._text(events, space)
                     self._open("", body)
+                    continue
+                if body and fresh and self._text_calls:
+                    self._text(events, space)
+                    self._open("", body)
+                    self._region = WrittenCallRegion(self._names, objects="{" not in self._opens_at_start,
+                                                     fenced=FENCE not in self._start_markers)
                     continue
             found = self._find_marker()
             if found is not None:
@@ -159,7 +184,8 @@ class ToolCallParser:
             self._region = None
             self._text(events, raw)
             return
-        calls = self._region.calls(text)
+        region = self._region
+        calls = region.calls(text)
         self._region = None
         if calls is None:
             self._reject(events, raw, "is not a well-formed tool call")
@@ -168,6 +194,12 @@ class ToolCallParser:
         if unknown:
             self._reject(events, raw, f"calls {', '.join(map(repr, unknown))}, which the request does not offer")
             return
+        written = isinstance(region, WrittenCallRegion) or self._marker in self._dialect.text_forms
+        if written:
+            why = self._refusal(calls, isinstance(region, WrittenCallRegion) and region.named_in_text)
+            if why is not None:
+                self._reject(events, raw, f"is a call written as text that {why}")
+                return
         self._space = ""
         # after bare calls, another bare call may follow (one region per call, so that a
         # call cut short at the end costs only itself)
@@ -177,9 +209,24 @@ class ToolCallParser:
                 logger.info("%s: dropped a call to %r: parallel_tool_calls is false", self._label, name)
                 continue
             index, self.num_calls = self.num_calls, self.num_calls + 1
+            self.calls.append((name, arguments))
+            if written:
+                self.num_recovered += 1
+                logger.info("%s: read a call to %r written as text", self._label, name)
             events.append(CallStart(index, self._make_id(), name))
             events.append(ArgumentsDelta(index, json.dumps(arguments, ensure_ascii=False)))
             events.append(CallEnd(index))
+
+    def _refusal(self, calls: list[RawCall], named_in_text: bool) -> str | None:
+        """Why calls written as text are not calls (None: they are)."""
+        for name, arguments in calls:
+            if not self._schemas.accepts(name, arguments):
+                return f"does not satisfy {name!r}'s parameters"
+            if named_in_text:
+                others = [other for other in self._schemas.matching(arguments) if other != name]
+                if others:
+                    return f"satisfies the parameters of {', '.join(map(repr, others))} as well as {name!r}'s"
+        return None
 
     def _reject(self, events: list[Event], raw: str, why: str) -> None:
         """A region that is no call goes out as the text it was."""

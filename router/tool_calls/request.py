@@ -30,6 +30,7 @@ class ToolRequest:
     choice: str = AUTO
     function: str | None = None
     parallel: bool = True  # False: only the first call counts
+    text_recovery: bool = True  # calls written as text count (`tool_text_recovery`, per model or profile)
     names: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:

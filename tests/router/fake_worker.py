@@ -9,7 +9,8 @@ with the words of FAKE_REPLY, one TokenEvent each. Behaviour switches:
 - the last message / prompt text: "CRASH" (exit mid-stream), "HANG" (stop answering
   anything, pings included), "TOOLONG" (ErrorEvent 400), "SLOW" (first token after
   FAKE_WORKER_SLOW_S seconds), "STOP" (finish_reason "length" after 2 tokens), "TOOLCALL"
-  (TOOL_REPLY: text and two calls in the Hermes markup, markers split across tokens)
+  (TOOL_REPLY: text and two calls in the Hermes markup, markers split across tokens),
+  "WRITTENCALL" (WRITTEN_REPLY: a call written as text, a heading then the arguments)
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ FAKE_REPLY = "Hello from the fake worker ."
 TOOL_REPLY = ["I will check.", "\n<tool", '_call>\n{"name": "get_', 'weather", "arguments": {"city": ',
               '"Paris"}}\n</tool_call>', '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}',
               "\n</tool_call>"]
+WRITTEN_REPLY = ["# get_", 'weather\n{"city": ', '"Paris"}']
 TOKEN_INTERVAL_S = 0.01
 
 
@@ -115,8 +117,9 @@ def main() -> int:
                     continue
                 send(PromptEvent(request_id=message.request_id, prompt_tokens=len(text.split()), cached_tokens=1))
                 delay = float(os.environ.get("FAKE_WORKER_SLOW_S", "1.5")) if "SLOW" in text else 0.0
-                tool = "TOOLCALL" in text
-                active[message.request_id] = {"add": message, "words": TOOL_REPLY if tool else FAKE_REPLY.split(),
+                tool = "TOOLCALL" in text or "WRITTENCALL" in text
+                words = TOOL_REPLY if "TOOLCALL" in text else WRITTEN_REPLY if tool else FAKE_REPLY.split()
+                active[message.request_id] = {"add": message, "words": words,
                                               "sent": 0, "next_at": time.monotonic() + delay, "text": text,
                                               "exact": tool}
         now = time.monotonic()
