@@ -1,23 +1,26 @@
-"""Tool calls under both prompt layouts: does putting the tools before the system text
-(`prompt_layout = "stable_first"`, the default) cost the model anything against the chat
-template's own layout (`"template"`)?
+"""Tool calls on a fixed set of turns, side by side: mlxd with its lazy call grammar
+(`tool_choice: auto` calls held to the tools once begun; the default) against mlxd with it
+switched off, and llama.cpp's `llama-server` with its own tool-call support on the same GGUF.
+`--arms layout` instead compares the two prompt layouts (`stable_first` against the chat
+template's own), the question this bench was first built for.
 
 The fixed set `bench/tool_calls_set.json` holds 100+ tool-calling turns in groups, one per
 tool set of a captured client (Claude Code, OpenCode, Codex, openai-python, anthropic-python:
 the real schemas of tests/clients/, with short real descriptions where the capture has
 placeholders): single tools and many, enums, nested objects, turns after a tool result, and
-turns whose right answer is text. Each model runs in mlxd (this checkout) with a profile
-`MODEL:template` whose prompt_layout is `template`, so both layouts are answered by the same
-loaded model; every turn is sent under each layout (greedy, /v1/chat/completions, tool_choice
-auto), both layouts side by side in the same batches: a group's first turn first (its tools
-and system text are then cached), the rest `--concurrency` requests at a time.
+turns whose right answer is text. mlxd's arms are profiles of one loaded model
+(`MODEL:free` sets `tool_call_grammar = false`); every turn is sent to every arm (greedy,
+/v1/chat/completions, tool_choice auto), group by group, one arm's turns at a time
+(`--concurrency` in flight), so each arm's decode speed is its own and not its neighbours'.
 
-Per model and layout: the valid-call rate (of the answers that attempt a call: every call
+Per model and arm: the valid-call rate (of the answers that attempt a call: every call
 parses, names an offered tool, and its arguments validate against that tool's JSON schema;
-call markup the server could not parse counts as an invalid attempt), the same over the turns
-that expect a call, the right-tool rate (over all turns: the first call names the expected
-tool, or there is no call when none is expected), and stable_first minus template in points.
-Prints one JSON object on stdout; progress on stderr.
+call markup the server returned as text counts as an invalid attempt), the right-tool rate
+(over all turns: the first call names the expected tool, or there is no call when none is
+expected), the text-answer rate after a tool result, calls mlxd recovered from text (its
+`mlxd.tool_calls` block), repeated calls, and decode tok/s (completion tokens over mlxd's
+own decode time, or llama.cpp's `timings`). Prints one JSON object on stdout; progress on
+stderr.
 """
 
 from __future__ import annotations
@@ -38,14 +41,19 @@ from typing import Any
 import httpx
 import jsonschema
 
-from common import REPO, CpuMeter, emit, environment, log, mlxd_server
+from common import REPO, CpuMeter, emit, environment, llamacpp_server, log, mlxd_server
+from engine import ensure_llama_server, llamacpp_build_info
 
 HOME = Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))  # the tests' provisioned models
 SET_PATH = Path(__file__).resolve().parent / "tool_calls_set.json"
 MODELS = ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")  # catalog names (models/catalog.py)
-LAYOUTS = ("stable_first", "template")
 CHAT = "/v1/chat/completions"
-MAX_POINTS_LOST = 2.0  # done when stable_first is no worse than this on both rates
+# mlxd's arms: each a profile of the one loaded model ("" : the model's own settings)
+ARM_SETS = {
+    "grammar": {"constrained": "", "free": "tool_call_grammar = false"},
+    "layout": {"stable_first": "", "template": 'prompt_layout = "template"'},
+}
+THREADS = 2  # llama.cpp's, as mlxd's worker uses the machine's cores
 # call markup the server returned as text (it could not parse it as a call of an offered tool)
 _MARKUP = re.compile(r'<tool_call>|^\s*(```(json)?\s*)?\{\s*"name"\s*:')
 
@@ -76,7 +84,7 @@ def ask(client: httpx.Client, model: str, group: dict[str, Any], turn: dict[str,
 
 def score(group: dict[str, Any], turn: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
     """What one answer did: its calls, whether it attempted one, whether every call is valid,
-    whether it chose right."""
+    whether it chose right, what mlxd says it did with them, and its decode time."""
     choice = answer["choices"][0]
     message = choice["message"]
     calls = message.get("tool_calls") or []
@@ -89,14 +97,22 @@ def score(group: dict[str, Any], turn: dict[str, Any], answer: dict[str, Any]) -
     expected = turn["expected"]
     right = (first == expected and not unparsed) if expected is not None else not attempted
     usage = answer.get("usage") or {}
+    extension = answer.get("mlxd") or {}
+    reported = extension.get("tool_calls") or {}
+    decode_s = (extension.get("timings") or {}).get("decode_s")
+    if decode_s is None and answer.get("timings"):  # llama.cpp's: predicted_ms over predicted_n
+        decode_s = answer["timings"].get("predicted_ms", 0.0) / 1000.0
     return {
         "id": turn["id"], "expected": expected, "called": [call["function"]["name"] for call in calls],
         "attempted": attempted, "valid": attempted and not unparsed and not problems, "right": right,
         "problems": problems + (["call markup returned as text"] if unparsed else []),
+        "after_tool_result": any(m["role"] == "tool" for m in turn["messages"]),
+        "recovered": int(reported.get("recovered_from_text") or 0), "repeated": len(reported.get("repeated") or []),
         "finish_reason": choice.get("finish_reason"), "content": content[:120],
         "prompt_tokens": usage.get("prompt_tokens"),
         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-        "completion_tokens": usage.get("completion_tokens"), "elapsed_s": round(answer["elapsed_s"], 2),
+        "completion_tokens": usage.get("completion_tokens"), "decode_s": decode_s,
+        "elapsed_s": round(answer["elapsed_s"], 2),
     }
 
 
@@ -118,36 +134,36 @@ def call_problem(call: dict[str, Any], schemas: dict[str, dict[str, Any]]) -> st
     return f"{name}: {errors[0].message}" if errors else None
 
 
-def run_groups(base_url: str, models: dict[str, str], groups: list[dict[str, Any]], concurrency: int,
+def run_groups(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]], concurrency: int,
                max_tokens: int) -> dict[str, list[dict[str, Any]]]:
-    """Every turn under every layout (`models`: layout -> the model name that selects it),
-    both layouts side by side in one batch, so neither meets a busier machine than the
-    other; each group's first turn first (under both layouts at once), so that its other
-    turns find the group's tools and system text cached."""
-    scored: dict[str, list[dict[str, Any]]] = {layout: [] for layout in models}
+    """Every turn under every arm (`arms`: arm -> the model name that selects it), group by
+    group and one arm after another inside a group, so that an arm's decode speed is its
+    own: each group's first turn first (its tools and system text are then cached), the
+    rest `concurrency` at a time."""
+    scored: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     with httpx.Client(base_url=base_url, timeout=httpx.Timeout(3600.0)) as client, \
             ThreadPoolExecutor(concurrency) as pool:
         for group in groups:
             first, *rest = group["turns"]
-            jobs = [(layout, first) for layout in models]
-            answers = list(pool.map(lambda job: ask(client, models[job[0]], group, job[1], max_tokens), jobs))
-            jobs_rest = [(layout, turn) for turn in rest for layout in models]
-            answers += list(pool.map(lambda job: ask(client, models[job[0]], group, job[1], max_tokens), jobs_rest))
-            for (layout, turn), answer in zip(jobs + jobs_rest, answers):
-                scored[layout].append(score(group, turn, answer))
-            for layout in models:
-                mine = [s for s in scored[layout] if s["id"].startswith(group["name"] + "-")]
-                log("%s %s: %d/%d right, %d valid of %d attempts", layout, group["name"], sum(s["right"] for s in mine),
+            for arm, model in arms.items():
+                answers = [ask(client, model, group, first, max_tokens)]
+                answers += list(pool.map(lambda turn: ask(client, model, group, turn, max_tokens), rest))
+                mine = [score(group, turn, answer) for turn, answer in zip(group["turns"], answers)]
+                scored[arm] += mine
+                log("%s %s: %d/%d right, %d valid of %d attempts", arm, group["name"], sum(s["right"] for s in mine),
                     len(mine), sum(s["valid"] for s in mine), sum(s["attempted"] for s in mine))
     return scored
 
 
 def rates(scored: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures of one model under one layout."""
+    """The figures of one model under one arm."""
     attempts = [s for s in scored if s["attempted"]]
     expect_call = [s for s in scored if s["expected"] is not None]
     expect_none = [s for s in scored if s["expected"] is None]
+    after_result = [s for s in scored if s["after_tool_result"]]
     prompt = sum(s["prompt_tokens"] or 0 for s in scored)
+    decoded = [s for s in scored if s["decode_s"] and (s["completion_tokens"] or 0) > 1]
+    decode_s = sum(s["decode_s"] for s in decoded)
 
     def percent(part: int, whole: int) -> float | None:
         return round(100.0 * part / whole, 1) if whole else None
@@ -158,6 +174,11 @@ def rates(scored: list[dict[str, Any]]) -> dict[str, Any]:
         "right_tool_rate": percent(sum(s["right"] for s in scored), len(scored)),
         "right_tool_rate_expected_call": percent(sum(s["right"] for s in expect_call), len(expect_call)),
         "right_no_call_rate": percent(sum(s["right"] for s in expect_none), len(expect_none)),
+        "text_answer_rate_after_tool_result": percent(sum(not s["attempted"] for s in after_result), len(after_result)),
+        "calls_recovered_from_text": sum(s["recovered"] for s in scored),
+        "answers_with_recovered_calls": sum(bool(s["recovered"]) for s in scored),
+        "repeated_calls": sum(s["repeated"] for s in scored),
+        "decode_tok_s": round(sum(s["completion_tokens"] - 1 for s in decoded) / decode_s, 2) if decode_s else None,
         "num_turns": len(scored), "num_attempts": len(attempts),
         "num_valid": sum(s["valid"] for s in scored), "num_right": sum(s["right"] for s in scored),
         "finish_length": sum(s["finish_reason"] == "length" for s in scored),
@@ -166,49 +187,86 @@ def rates(scored: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    """Serve `name` with a template-layout profile, answer every turn under both layouts."""
+def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace,
+              llama_build: dict[str, Any] | None) -> dict[str, Any]:
+    """Serve `name` with one profile per arm, answer every turn under each; then the same
+    turns on llama.cpp's server (same GGUF) when it is built."""
     from models.catalog import find_model
     from models.provision import provision_model
 
-    model_dir = provision_model(HOME, find_model(name))
-    profile = f"{model_dir.name}:template"
+    catalog_model = find_model(name)
+    model_dir = provision_model(HOME, catalog_model)
+    arms = ARM_SETS[args.arms]
+    profiles = {arm: f"{model_dir.name}:{arm}" if lines else model_dir.name for arm, lines in arms.items()}
     config_dir = Path(tempfile.mkdtemp(prefix="mlxd-bench-tool-calls-"))
     config = config_dir / "config.toml"
-    config.write_text(f'[profiles."{profile}"]\nprompt_layout = "template"\n')
+    config.write_text("".join(f'[profiles."{profiles[arm]}"]\n{lines}\n' for arm, lines in arms.items() if lines))
+    setups: dict[str, Any] = {}
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, config_dir, ignore_errors=True)
         server = cleanup.enter_context(mlxd_server(model_dir, max_num_seqs=args.concurrency,
                                                    extra_args=["--config", str(config)], name=f"mlxd-{name}"))
-        setup = {**server.info, "log": str(server.log_path), "model_dir": str(model_dir), "template_profile": profile}
+        for arm, lines in arms.items():
+            setups[arm] = {**server.info, "log": str(server.log_path), "model_dir": str(model_dir),
+                           "model": profiles[arm], "profile": lines or "(the model's own settings)"}
         meter = CpuMeter([server.process.pid])
         started = time.perf_counter()
-        per_turn = run_groups(server.base_url, {"stable_first": server.model, "template": profile}, groups,
-                              args.concurrency, args.max_tokens)
+        per_turn = run_groups(server.base_url, profiles, groups, args.concurrency, args.max_tokens)
         wall_s, other_cores = time.perf_counter() - started, meter.other_cores()
-    layouts = {layout: rates(scored) for layout, scored in per_turn.items()}
-    for layout in LAYOUTS:
-        log("%s %s: %s", name, layout, {k: layouts[layout][k] for k in ("valid_call_rate", "right_tool_rate")})
-    stable, template = layouts["stable_first"], layouts["template"]
-    deltas = {key: round(stable[key] - template[key], 1) for key in
-              ("valid_call_rate", "valid_call_rate_of_expected", "right_tool_rate") if None not in (stable[key], template[key])}
-    differ = [{"id": a["id"], "expected": a["expected"], "stable_first": a["called"] or a["content"][:60],
-               "template": b["called"] or b["content"][:60]}
-              for a, b in zip(per_turn["stable_first"], per_turn["template"]) if (a["called"], a["valid"], a["right"])
-              != (b["called"], b["valid"], b["right"])]
-    return {"setup": setup, "layouts": layouts, "delta_points": deltas, "wall_s": round(wall_s, 1),
-            "other_cpu_cores": other_cores, "turns_that_differ": differ,
-            "turns": {layout: [{k: s[k] for k in ("id", "expected", "called", "valid", "right", "problems",
-                                                 "finish_reason")} for s in scored]
-                      for layout, scored in per_turn.items()}}
+    if llama_build is not None and args.arms == "grammar":
+        gguf = HOME / "downloads" / catalog_model.gguf_file
+        with llamacpp_server(Path(llama_build["binary"]), gguf, threads=THREADS, parallel=args.concurrency,
+                             ctx_size=args.concurrency * 12288, extra_args=["--jinja"]) as llama:
+            setups["llamacpp"] = {"binary": llama_build["binary"], "version": llama_build.get("version"),
+                                  "gguf": str(gguf), "threads": THREADS, "slots": args.concurrency,
+                                  "flags": "--jinja (the GGUF's chat template, llama.cpp's own tool-call parser "
+                                           "and lazy grammar)", "log": str(llama.log_path)}
+            per_turn["llamacpp"] = run_groups(llama.base_url, {"llamacpp": gguf.name}, groups, args.concurrency,
+                                              args.max_tokens)["llamacpp"]
+    figures = {arm: rates(scored) for arm, scored in per_turn.items()}
+    for arm, arm_figures in figures.items():
+        log("%s %s: %s", name, arm, {k: arm_figures[k] for k in ("valid_call_rate", "right_tool_rate", "decode_tok_s")})
+    return {"setup": setups, "arms": figures, "headline": headline(figures), "wall_s_mlxd": round(wall_s, 1),
+            "other_cpu_cores": other_cores,
+            "turns": {arm: [{k: s[k] for k in ("id", "expected", "called", "valid", "right", "problems", "recovered",
+                                               "repeated", "finish_reason", "content")} for s in scored]
+                      for arm, scored in per_turn.items()}}
+
+
+def headline(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's keys for one model (the grammar arms), or the layout deltas."""
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 3) if a is not None and b else None
+
+    if "constrained" not in figures:
+        first, second = list(figures)[:2]
+        return {f"{key}_delta_points": round(figures[first][key] - figures[second][key], 1)
+                for key in ("valid_call_rate", "right_tool_rate")
+                if None not in (figures[first][key], figures[second][key])}
+    constrained, free = figures["constrained"], figures["free"]
+    llama = figures.get("llamacpp", {})
+    return {
+        "valid_call_rate_constrained": constrained["valid_call_rate"],
+        "valid_call_rate_free": free["valid_call_rate"],
+        "right_tool_rate_delta": round(constrained["right_tool_rate"] - free["right_tool_rate"], 1),
+        "decode_ratio_constrained_vs_free": ratio(constrained["decode_tok_s"], free["decode_tok_s"]),
+        "valid_call_rate_llamacpp": llama.get("valid_call_rate"),
+        "right_tool_rate_llamacpp": llama.get("right_tool_rate"),
+        "valid_call_rate_ratio_vs_llamacpp": ratio(constrained["valid_call_rate"], llama.get("valid_call_rate")),
+        "calls_recovered_from_text": constrained["calls_recovered_from_text"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="catalog names (default: both Qwen coders)")
+    parser.add_argument("--arms", choices=sorted(ARM_SETS), default="grammar",
+                        help="grammar: the lazy call grammar on, off, and llama.cpp (default); layout: the two "
+                             "prompt layouts")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="mlxd's arms only")
     parser.add_argument("--set", type=Path, default=SET_PATH, help="the data set (default bench/tool_calls_set.json)")
     parser.add_argument("--concurrency", type=int, default=8,
-                        help="requests in flight at once, both layouts together (default 8; the server's max_num_seqs)")
+                        help="requests in flight at once (default 8; the server's max_num_seqs and llama.cpp's slots)")
     parser.add_argument("--max-tokens", type=int, default=128, help="most tokens an answer may take (default 128)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N turns of each group (a quick look)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
@@ -219,11 +277,19 @@ def main(argv: list[str] | None = None) -> int:
     groups = load_set(args.set)
     if args.limit:
         groups = [{**group, "turns": group["turns"][: args.limit]} for group in groups]
+    llama_build = None
+    if not args.skip_llamacpp and args.arms == "grammar":
+        try:
+            llama_build = llamacpp_build_info(ensure_llama_server())
+        except Exception as exc:  # measure mlxd anyway; the JSON says why llama.cpp is missing
+            log("llama-server unavailable: %s", exc)
+            env["llamacpp_build_error"] = f"{type(exc).__name__}: {exc}"
+    env["llamacpp_build"] = llama_build
     results: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for name in args.models:
         try:
-            results[name] = run_model(name, groups, args)
+            results[name] = run_model(name, groups, args, llama_build)
         except Exception as exc:  # keep the other model's figures; say what failed
             log("%s failed: %s", name, exc)
             errors[name] = f"{type(exc).__name__}: {exc}"
@@ -239,28 +305,37 @@ def report(args: argparse.Namespace, groups: list[dict[str, Any]], env: dict[str
     """The JSON of a run: the headline figures and targets first, then the set, the setup,
     each model's figures and its answers turn by turn."""
     turns = [turn for group in groups for turn in group["turns"]]
-    targets = {
-        f"{name}_{key}": {"target": f"stable_first - template >= -{MAX_POINTS_LOST} points",
-                          "value": result["delta_points"].get(key),
-                          "met": result["delta_points"].get(key, -1e9) >= -MAX_POINTS_LOST}
-        for name, result in results.items() for key in ("valid_call_rate", "right_tool_rate")
-    }
+    targets: dict[str, Any] = {}
+    for name, result in results.items():
+        h = result["headline"]
+        if args.arms != "grammar":
+            continue
+        targets[f"{name}_valid_call_rate_constrained"] = {"target": "100%", "value": h["valid_call_rate_constrained"],
+                                                           "met": h["valid_call_rate_constrained"] == 100.0}
+        targets[f"{name}_right_tool_rate_delta"] = {"target": ">= 0 points", "value": h["right_tool_rate_delta"],
+                                                     "met": h["right_tool_rate_delta"] >= 0}
+        targets[f"{name}_decode_ratio_constrained_vs_free"] = {
+            "target": ">= 0.95", "value": h["decode_ratio_constrained_vs_free"],
+            "met": (h["decode_ratio_constrained_vs_free"] or 0) >= 0.95}
+        if h["valid_call_rate_llamacpp"] is not None:
+            targets[f"{name}_valid_call_rate_ratio_vs_llamacpp"] = {
+                "target": ">= 1", "value": h["valid_call_rate_ratio_vs_llamacpp"],
+                "met": (h["valid_call_rate_ratio_vs_llamacpp"] or 0) >= 1}
     return {
         "benchmark": "tool_calls",
-        "summary": {name: {layout: {k: r["layouts"][layout][k] for k in ("valid_call_rate", "right_tool_rate")}
-                           for layout in LAYOUTS} | {"delta_points": r["delta_points"]}
-                    for name, r in results.items()},
+        "summary": {name: r["headline"] for name, r in results.items()},
         "targets": targets,
         "all_met": bool(targets) and all(t["met"] for t in targets.values()) and not errors,
         "set": {"path": str(args.set.relative_to(REPO) if args.set.is_relative_to(REPO) else args.set),
+                "limit_per_group": args.limit or None,
                 "num_turns": len(turns), "num_expect_call": sum(t["expected"] is not None for t in turns),
                 "num_expect_no_call": sum(t["expected"] is None for t in turns),
                 "num_after_tool_result": sum(any(m["role"] == "tool" for m in t["messages"]) for t in turns),
                 "groups": {g["name"]: {"num_turns": len(g["turns"]), "num_tools": len(g["tools"]), "source": g["source"]}
                            for g in groups}},
         "config": {"endpoint": CHAT + " (non-streaming, temperature 0, tool_choice auto)",
-                   "max_tokens": args.max_tokens, "concurrency": args.concurrency, "layouts": LAYOUTS,
-                   "models": args.models, "home": str(HOME)},
+                   "max_tokens": args.max_tokens, "concurrency": args.concurrency, "arms": args.arms,
+                   "mlxd_profiles": ARM_SETS[args.arms], "models": args.models, "home": str(HOME)},
         "environment": {**env, "loadavg_1m_now": round(os.getloadavg()[0], 2)},
         "results": results,
         "errors": errors,

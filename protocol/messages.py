@@ -18,6 +18,7 @@ from protocol.cache_messages import (  # noqa: F401  (the prefix cache's message
     CacheCleared, CacheProbed, ClearCache, PinPrefix, PrefixPinned,
 )
 from protocol.errors import RequestError
+from protocol.output_constraint import Constraint  # noqa: F401  (nested in AddRequest; importers find it here too)
 from protocol.kv_messages import (  # noqa: F401  (the kvstore's messages: importers find them here too)
     KVClear, KVClearResult, KVFlush, KVFlushResult, KVGet, KVGetResult,
     KVLookup, KVLookupResult, KVPin, KVPinResult, KVProbe, KVProbeResult, KVPut,
@@ -176,17 +177,6 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: bool = False  # report each sampled token's log-probability
     top_logprobs: int = 0  # and this many most likely alternatives (0-20)
-
-
-@dataclass
-class Constraint:
-    """What the generated text must match, enforced token by token by the worker's grammar
-    engine (a mask on the logits), so it cannot be violated whatever the model prefers."""
-
-    kind: str  # "json_object" (any JSON object), "json_schema" or "lark"
-    # json_schema: the schema as JSON text; lark: a grammar in llguidance's Lark dialect
-    # (which may embed %json{...} schemas); json_object: empty
-    source: str = ""
 
 
 @dataclass

@@ -27,6 +27,10 @@ class ModelSettings:
     tool_text_recovery: bool = setting(
         True, "read an answer that is only a call written as text (a bare or fenced JSON call, or `# Tool` then its "
         "arguments) as that call, when its arguments fit exactly that tool's schema; false: such text stays text")
+    tool_call_grammar: bool = setting(
+        True, "with tool_choice auto, hold a call to the request's tools from the moment the model opens it (a "
+        "known name, arguments valid against its schema, the call closed; free text stays free); false: calls "
+        "are free")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
@@ -38,3 +42,11 @@ def tool_text_recovery(settings: ModelSettings, profile: Profile | None) -> bool
     if profile is not None and profile.tool_text_recovery is not None:
         return profile.tool_text_recovery
     return settings.tool_text_recovery
+
+
+def tool_call_grammar(settings: ModelSettings, profile: Profile | None) -> bool:
+    """Whether an "auto" request's calls are held by the lazy call grammar: the profile's
+    switch when it sets one, else the model's."""
+    if profile is not None and profile.tool_call_grammar is not None:
+        return profile.tool_call_grammar
+    return settings.tool_call_grammar

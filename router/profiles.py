@@ -77,6 +77,9 @@ class Profile:
     tool_text_recovery: bool | None = setting(
         None, "read an answer that is only a call written as text as that call (see the model setting of that name; "
         "default: the model's)")
+    tool_call_grammar: bool | None = setting(
+        None, "with tool_choice auto, hold a call to the tools once the model opens it (see the model setting of "
+        "that name; default: the model's)")
 
     def __post_init__(self) -> None:
         normalize_fields(self)

@@ -20,6 +20,7 @@ from protocol.prompt_bounds import check_prompt_fits
 from worker.cache_breakpoints import BreakpointPosition, CacheCreation, breakpoint_positions, cache_creation
 from worker.grammar import GrammarCompiler, GrammarProcessor
 from worker.grammar_batch import GrammarBatch
+from worker.lazy_grammar import LazyCallProcessor
 from worker.logprobs import LogprobsReporter
 from worker.message_at_token import locate
 from worker.miss_reasons import explain
@@ -165,7 +166,20 @@ class Admitter:
                                     request.request_id)
 
     def _compile(self, request: AddRequest) -> llguidance.LLMatcher | None:
-        return self._grammars.compile(request.constraint) if request.constraint is not None else None
+        if request.constraint is None:
+            return None
+        if request.constraint.lazy:
+            LazyCallProcessor.warm(self._vocabulary, request.constraint)
+        return self._grammars.compile(request.constraint)
+
+    def _grammar(self, request: AddRequest, matcher: llguidance.LLMatcher | None, prompt_length: int,
+                 max_tokens: int) -> GrammarProcessor | None:
+        if matcher is None or request.constraint is None:
+            return None
+        if request.constraint.lazy:
+            return LazyCallProcessor(matcher, request.constraint, prompt_length, max_tokens, self._vocabulary,
+                                     self._grammar_batch, label=request.request_id)
+        return GrammarProcessor(matcher, prompt_length, self._vocabulary, self._grammar_batch)
 
     def admit(self, request: AddRequest, prepared: PreparedPrompt | None) -> Admission:
         """Check everything the client controls; raises the RequestError to send back."""
@@ -176,8 +190,7 @@ class Admitter:
         sampler = make_request_sampler(request.sampling, self._vocab_size)
         processors = make_request_processors(request.sampling, len(prompt_ids))
         matcher = prepared.matcher if prepared is not None else self._compile(request)
-        grammar = (GrammarProcessor(matcher, len(prompt_ids), self._vocabulary, self._grammar_batch)
-                   if matcher is not None else None)
+        grammar = self._grammar(request, matcher, len(prompt_ids), max_tokens)
         if grammar is not None:
             processors.append(grammar)
         sampling = request.sampling

@@ -21,6 +21,11 @@ from protocol.messages import Constraint
 from worker.vocabulary import TokenVocabulary
 
 
+# What `allowed` returns when no token is held back at all (a lazy grammar before its
+# trigger): the logits pass through untouched, with no mask applied.
+FREE = np.ones(0, dtype=np.bool_)
+
+
 class StepMasks(Protocol):
     """What a processor asks of the engine's per-step mask preparer
     (worker/grammar_batch.py `GrammarBatch`; a Protocol so that module can import this one)."""
@@ -130,6 +135,8 @@ class GrammarProcessor:
             if self._batch is not None:
                 self._batch.note_alone(started - waited, spent)
         self.last_step = self._batch.step if self._batch is not None else 0
+        if allowed is FREE:
+            return logits
         width = logits.shape[-1]
         if allowed.shape[0] != width:  # logits wider than the vocabulary: padding ids, never allowed
             allowed = allowed[:width] if allowed.shape[0] > width else np.pad(allowed, (0, width - allowed.shape[0]))

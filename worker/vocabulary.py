@@ -8,6 +8,7 @@ import copy
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import llguidance
@@ -60,6 +61,7 @@ class TokenVocabulary:
         self._named: llguidance.LLTokenizer | None = None
         self._token_bytes: list[bytes] = []
         self._lock = threading.Lock()
+        self._derived: dict[str, Any] = {}
 
     @property
     def llg(self) -> llguidance.LLTokenizer:
@@ -106,3 +108,16 @@ class TokenVocabulary:
         """The bytes `token` stands for (a special token: its name, e.g. b"<|im_end|>")."""
         self.llg  # noqa: B018  (built on first use)
         return self._token_bytes[token] if 0 <= token < len(self._token_bytes) else b""
+
+    def derived(self, key: str, build: Callable[[list[bytes]], Any]) -> Any:
+        """`build(every token's bytes)`, computed once per vocabulary and kept under `key`:
+        tables that walk the whole vocabulary (e.g. which tokens hold a character) are
+        paid for once per worker, not per request."""
+        found = self._derived.get(key)
+        if found is None:
+            self.llg  # noqa: B018  (the token bytes are built with it)
+            with self._lock:
+                found = self._derived.get(key)
+                if found is None:
+                    found = self._derived[key] = build(self._token_bytes)
+        return found

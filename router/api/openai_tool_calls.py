@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.constraints import constraint_problem
 from protocol.messages import Constraint, Ready
 from protocol.tool_dialects import MLXD
 from router.api.openai_format import message_tool_calls, tool_call_arguments_delta, tool_call_start_delta
@@ -31,6 +33,7 @@ from router.tool_calls import (
 )
 from router.tool_calls.late_parser import LateParser
 from router.tool_calls.repeats import last_results
+from router.tool_calls.lazy_grammar import lazy_call_constraint
 from router.tool_calls.offer import OfferedTool, ToolChoice, offer_tools
 from router.validation import ParsedRequest, bad, flag, short
 
@@ -108,7 +111,29 @@ def bind(parsed: ParsedRequest, ready: Ready) -> ParsedRequest:
             logger.info("%s: tool_choice forces a call; response_format does not apply", add.request_id)
         grammar = forced_call_grammar(dialect, parsed.tools)
         add = dataclasses.replace(add, constraint=Constraint(kind="lark", source=grammar))
+    elif add.constraint is None and parsed.tools.call_grammar:  # "auto": a call, once begun, is held to the tools
+        add = dataclasses.replace(add, constraint=lazy_call_grammar(dialect, parsed.tools, add.request_id))
     return dataclasses.replace(parsed, add=add, tool_dialect=dialect)
+
+
+@functools.lru_cache(maxsize=64)
+def _grammar_problem(source: str) -> str | None:
+    """`constraint_problem` of a Lark grammar, remembered: agents send the same tools with
+    every turn, and checking 24 tools' schemas each time would cost the event loop."""
+    return constraint_problem(Constraint("lark", source))
+
+
+def lazy_call_grammar(dialect: str, tools: ToolRequest, label: str) -> Constraint | None:
+    """The lazy grammar of an "auto" answer, or None where the engine cannot enforce these
+    tools' schemas: then calls stay free, as before (an "auto" request is not refused
+    for a schema feature it may never use)."""
+    constraint = lazy_call_constraint(dialect, tools)
+    problem = _grammar_problem(constraint.source)
+    if problem is not None:
+        logger.warning("%s: tool calls left free: the call grammar cannot be enforced (%s)", label,
+                       problem.splitlines()[0])
+        return None
+    return constraint
 
 
 class ToolCallAnswer:

@@ -31,6 +31,7 @@ class ToolRequest:
     function: str | None = None
     parallel: bool = True  # False: only the first call counts
     text_recovery: bool = True  # calls written as text count (`tool_text_recovery`, per model or profile)
+    call_grammar: bool = True  # "auto": a call, once begun, is held to the tools (`tool_call_grammar`)
     names: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -25,8 +25,9 @@ HOT = 64 << 20
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def make_tiny_dir(target: Path, default_model_dir: Path) -> Path:
-    """A 2-layer random llama with the real tokenizer, saved as an MLX model directory."""
+def make_tiny_dir(target: Path, default_model_dir: Path, vocab_size: int | None = None) -> Path:
+    """A 2-layer random llama with the real tokenizer, saved as an MLX model directory
+    (`vocab_size`: wider than the tokenizer's, for tokens a test adds to it)."""
     target.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         if (default_model_dir / name).exists():
@@ -36,7 +37,7 @@ import json, mlx.core as mx
 from mlx.utils import tree_flatten
 from tests.worker.tiny_models import ARCHS
 from mlx_lm.models import llama
-config = dict(ARCHS["llama"])
+config = dict(ARCHS["llama"], **({{"vocab_size": {vocab_size}}} if {vocab_size!r} else {{}}))
 mx.random.seed(0)
 model = llama.Model(llama.ModelArgs.from_dict(config))
 mx.save_safetensors({str(target / "model.safetensors")!r}, dict(tree_flatten(model.parameters())))

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from protocol.messages import Ready
-from protocol.tool_dialects import HERMES, LLAMA3_JSON, MLXD
+from protocol.tool_dialects import HERMES, LLAMA3_JSON, MISTRAL, MLXD
 from router.api.openai_chat import parse
 from router.api.openai_tool_calls import ChatRequest, bind
 from router.tool_calls import FUNCTION, REQUIRED
@@ -149,7 +149,43 @@ def test_a_forced_call_gets_the_grammar_of_the_model_dialect(tool_choice: Any, c
     assert ('"parameters"' if dialect == LLAMA3_JSON else "<tool_call>") in bound.add.constraint.source
 
 
-def test_auto_gets_no_grammar_and_an_unknown_dialect_reads_as_the_fallback() -> None:
+def test_auto_gets_the_lazy_call_grammar_and_an_unknown_dialect_reads_as_the_fallback() -> None:
     parsed = parse({"model": MODEL_ID, "messages": ASK, "tools": [WEATHER]})
     bound = bind(parsed, ready("some_future_dialect"))
-    assert isinstance(bound, ChatRequest) and bound.add.constraint is None and bound.tool_dialect == MLXD
+    assert isinstance(bound, ChatRequest) and bound.tool_dialect == MLXD
+    constraint = bound.add.constraint
+    assert constraint is not None and constraint.lazy and constraint.triggers == ["<tool_call>"]
+    assert constraint.rearm and '"\\"get_weather\\""' in constraint.source
+
+
+@pytest.mark.parametrize(("dialect", "markers", "arguments"), [
+    (HERMES, [], "arguments"), (LLAMA3_JSON, ["<|python_tag|>"], "parameters"),
+    (MISTRAL, ["[TOOL_CALLS]"], "arguments"), (MLXD, [], "arguments")])
+def test_every_dialect_gets_a_lazy_grammar_in_its_own_syntax(dialect: str, markers: list[str], arguments: str) -> None:
+    bound = bind(parse({"model": MODEL_ID, "messages": ASK, "tools": [WEATHER], "parallel_tool_calls": False}),
+                 ready(dialect))
+    constraint = bound.add.constraint
+    assert constraint is not None and constraint.lazy and constraint.markers == markers
+    assert f'"\\"{arguments}\\""' in constraint.source and not constraint.rearm
+
+
+def test_auto_with_a_response_format_keeps_the_format() -> None:
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    bound = bind(parse({"model": MODEL_ID, "messages": ASK, "tools": [WEATHER], "response_format": schema}),
+                 ready(HERMES))
+    assert bound.add.constraint is not None and not bound.add.constraint.lazy
+
+
+def test_keywords_the_engine_lacks_are_dropped_and_a_schema_it_cannot_read_allows_any_object() -> None:
+    """Claude Code's AskUserQuestion has `propertyNames`: the other tools stay held."""
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"propertyNames": {"type": "string"},
+                                         "answers": {"type": "object", "propertyNames": {"type": "string"}},
+                                         "tags": {"type": "array", "uniqueItems": True}}}}}
+    broken = {"type": "function", "function": {"name": "broken", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}
+    bound = bind(parse({"model": MODEL_ID, "messages": ASK, "tools": [odd, broken, WEATHER]}), ready(HERMES))
+    source = bound.add.constraint.source
+    assert '"propertyNames": {"type": "string"}' in source  # a property of that name stays
+    assert source.count("propertyNames") == 1 and "uniqueItems" not in source
+    assert 'args1: %json{"type": "object", "x-guidance"' in source and '"city"' in source

@@ -115,9 +115,10 @@ def sharpen_attention(model: nn.Module, arch: str) -> dict[str, int]:
     return counts
 
 
-def make_tiny(arch: str, tokenizer_dir: Path, seed: int = 0) -> LoadedModel:
-    """A random-weight model of `arch` (fp32), deterministic for a given seed."""
-    config = ARCHS[arch]
+def make_tiny(arch: str, tokenizer_dir: Path, seed: int = 0, vocab_size: int | None = None) -> LoadedModel:
+    """A random-weight model of `arch` (fp32), deterministic for a given seed; `vocab_size`
+    for a tokenizer other than SmolLM2's."""
+    config = ARCHS[arch] if vocab_size is None else {**ARCHS[arch], "vocab_size": vocab_size}
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
     model: nn.Module = module.Model(module.ModelArgs.from_dict(config))

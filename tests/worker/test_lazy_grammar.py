@@ -1,0 +1,169 @@
+"""The lazy call grammar of `tool_choice: auto` in the engine (worker/lazy_grammar.py):
+free text passes untouched, a call is held to the tools from its opener on, the budget
+never cuts a call, and a lazy request changes no other request in its batch. On a tiny
+random model with Qwen2.5-Coder's real tokenizer, where `<tool_call>` is one token, so a
+`logit_bias` can make even a random model open calls; a second bias pulls it toward an
+enum value the tool does not allow."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from protocol.messages import AddRequest, Constraint, SamplingParams, TokenEvent
+from router.tool_calls.lazy_grammar import lazy_call_constraint
+from router.tool_calls.request import ToolRequest, ToolSpec
+from tests.worker.test_prefix_cache import Harness
+from tests.worker.tiny_models import make_tiny
+from worker import call_budget
+from worker.grammar import FREE, GrammarCompiler
+from worker.lazy_grammar import LazyCallProcessor, TriggerWatch
+from worker.vocabulary import TokenVocabulary
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                                            "unit": {"type": "string", "enum": ["c", "f"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TOOLS = ToolRequest((ToolSpec("get_weather", WEATHER), ToolSpec("get_time", {
+    "type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+    "required": ["zone"], "additionalProperties": False})))
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+@pytest.fixture(scope="module")
+def tiny(qwen_model_dir: Path):
+    from mlx_lm.utils import load_tokenizer
+
+    return make_tiny("llama", qwen_model_dir, vocab_size=len(load_tokenizer(qwen_model_dir)._tokenizer))
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tiny) -> TokenVocabulary:
+    return TokenVocabulary(tiny.tokenizer, tiny.config["vocab_size"], sorted(tiny.tokenizer.eos_token_ids))
+
+
+def token(tiny, text: str) -> int:
+    (only,) = tiny.tokenizer.encode(text, add_special_tokens=False)
+    return only
+
+
+@pytest.fixture(scope="module")
+def engine(tiny) -> Harness:
+    """One engine for the module: its grammar vocabulary (152k tokens) is built once."""
+    return Harness(tiny, cache=False)
+
+
+def run(h: Harness, constraint: Constraint | None, bias: dict[int, float], max_tokens: int,
+        others: int = 0) -> tuple[str, list[str]]:
+    """The lazy request's text, and that of `others` free requests decoded beside it."""
+    h.events.clear()
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0, logit_bias=bias)
+    h.engine.add(AddRequest("lazy", messages=MESSAGES, constraint=constraint, sampling=sampling))
+    for i in range(others):
+        h.engine.add(AddRequest(f"free{i}", messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+                                sampling=SamplingParams(max_tokens=24, temperature=0.0)))
+    h.run()
+
+    def text(rid: str) -> str:
+        return "".join(e.text for e in h.events if isinstance(e, TokenEvent) and e.request_id == rid)
+    return text("lazy"), [text(f"free{i}") for i in range(others)]
+
+
+def calls_in(text: str) -> list[dict[str, Any]]:
+    return [json.loads(body) for body in CALL.findall(text)]
+
+
+def broken_calls(text: str) -> int:
+    """Openers not followed by a whole, schema-valid call."""
+    return text.count("<tool_call>") - sum(valid(call) for call in calls_in(text))
+
+
+def valid(call: dict[str, Any]) -> bool:
+    schemas = {tool.name: tool.parameters for tool in TOOLS.tools}
+    if set(call) != {"name", "arguments"} or call["name"] not in schemas:
+        return False
+    try:
+        jsonschema.validate(call["arguments"], schemas[call["name"]])
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
+def test_the_watch_finds_triggers_across_tokens_and_only_at_the_start_where_asked() -> None:
+    constraint = lazy_call_constraint("hermes", TOOLS)
+    watch = TriggerWatch(constraint)
+    assert [watch.see(piece) for piece in (b"Sure, <to", b"ol_ca", b"ll>\n{")] == [None, None, b"<tool_call>\n{"]
+    watch = TriggerWatch(constraint)
+    assert [watch.see(piece) for piece in (b"  {\"", b"name", b"\": \"g")] == [None, None, b'{"name": "g']
+    watch = TriggerWatch(constraint)
+    assert watch.see(b"Here: ") is None and watch.see(b'{"name": "x"') is None  # bare only where the answer starts
+    marker = TriggerWatch(lazy_call_constraint("mistral", TOOLS))
+    assert marker.see(b"[TOOL_CALLS]") == b""  # the grammar starts after a marker
+
+
+def test_free_text_passes_untouched_and_a_begun_call_holds_to_the_enum(tiny, vocabulary: TokenVocabulary) -> None:
+    constraint = lazy_call_constraint("hermes", TOOLS)
+    matcher = GrammarCompiler(vocabulary).compile(constraint)
+    processor = LazyCallProcessor(matcher, constraint, 3, 500, vocabulary)
+    width = tiny.config["vocab_size"]
+    logits = mx.arange(width, dtype=mx.float32)[None]
+    prompt = [1, 2, 3]
+    free = tiny.tokenizer.encode("Sure, let me check.", add_special_tokens=False)
+    assert processor.allowed(None) is FREE
+    assert processor(mx.array(prompt + free), logits) is logits  # not even a copy
+    begun = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "'
+    context = prompt + free + tiny.tokenizer.encode(begun, add_special_tokens=False)
+    masked = np.array(processor(mx.array(context), logits)[0])
+    allowed = {tiny.tokenizer.decode([i]) for i in np.flatnonzero(np.isfinite(masked))}
+    assert allowed and all(text[:1] in ("c", "f") for text in allowed), sorted(allowed)[:20]
+
+
+@pytest.mark.parametrize("max_tokens", [60])
+def test_a_model_pulled_toward_a_wrong_enum_still_writes_only_valid_calls(tiny, engine: Harness, max_tokens: int) -> None:
+    bias = {token(tiny, "<tool_call>"): 40.0, token(tiny, "cel"): 30.0, token(tiny, "Berlin"): 30.0}
+    free, _ = run(engine, None, bias, max_tokens)
+    assert broken_calls(free) > 0, free  # the control: free, the model's calls break
+    held, _ = run(engine, lazy_call_constraint("hermes", TOOLS), bias, max_tokens)
+    assert "<tool_call>" in held and broken_calls(held) == 0, held
+
+
+def test_no_budget_cuts_a_call(tiny, engine: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Budgets from 1 to 40 tokens (a call here takes 20-25), the model pulled into calls
+    at every turn: the answer holds only whole calls (one that could not finish is never
+    opened, one begun is closed in time)."""
+    bias = {token(tiny, "<tool_call>"): 40.0, token(tiny, "cel"): 30.0}
+    constraint = lazy_call_constraint("hermes", TOOLS)
+
+    def cut(text: str) -> bool:
+        return text.count("<tool_call>") != text.count("</tool_call>")
+    budgets = range(1, 41, 3)
+    assert not [n for n in budgets if cut(run(engine, constraint, bias, n)[0])]
+    monkeypatch.setattr("worker.lazy_grammar.ZONE", 0)  # the control: no budget guard
+    assert [n for n in budgets if cut(run(engine, constraint, bias, n)[0])]
+
+
+def test_a_lazy_request_changes_no_token_of_the_free_requests_beside_it(tiny, engine: Harness) -> None:
+    bias = {token(tiny, "<tool_call>"): 40.0}
+    _, alone = run(engine, None, {}, 40, others=3)
+    held, beside = run(engine, lazy_call_constraint("hermes", TOOLS), bias, 40, others=3)
+    assert calls_in(held) and beside == alone
+
+
+def test_the_shortest_completion_closes_an_open_call(tiny, vocabulary: TokenVocabulary) -> None:
+    constraint = lazy_call_constraint("hermes", TOOLS)
+    matcher = GrammarCompiler(vocabulary).compile(constraint)
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    matcher.consume_tokens(vocabulary.llg.tokenize_str(text))
+    quotes = call_budget.JsonQuotes()
+    quotes.feed(text.encode())
+    path = call_budget.shortest_completion(matcher, quotes, vocabulary)
+    assert path is not None and len(path) <= 12
+    finished = text + tiny.tokenizer.decode(path)
+    assert valid(calls_in(finished)[0]), finished

@@ -1,0 +1,130 @@
+"""A tool call that `max_tokens` never cuts: near the end of the budget, a call in progress
+is closed by the shortest completion the grammar allows, and a call that could no longer
+be finished is not begun.
+
+Why here: a cut call is the worst answer an agent can get (its text is neither a call nor
+prose), and only the worker knows, token by token, how much budget is left and where the
+grammar stands.
+
+How the shortest completion is found: llguidance has no "shortest path" query, so a copy
+of the matcher is walked greedily: at each position, of the tokens the grammar allows, the
+one that closes the most (`}` and `]` count, `{`, `[`, `,`, `;` and bare space count
+against; inside a string, a token that ends it first), ties to the longest. That walk is
+not guaranteed to be the global shortest, but it is short (a string closes at once, an
+object at its required keys' shortest values) and every token of it is valid; the budget
+starts forcing it while MARGIN tokens are still to spare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import llguidance
+import numpy as np
+
+from worker.vocabulary import TokenVocabulary
+
+ZONE = 64  # tokens left from which a call in progress checks its shortest completion each step
+MARGIN = 4  # forced once the completion needs all but this many of the tokens left
+QUOTE = ord('"')
+
+
+class JsonQuotes:
+    """Whether the text fed so far ends inside a JSON string (the one fact the greedy
+    walk needs that the matcher does not expose)."""
+
+    def __init__(self, in_string: bool = False, escaped: bool = False) -> None:
+        self.in_string = in_string
+        self.escaped = escaped
+
+    def feed(self, data: bytes) -> None:
+        for byte in data:
+            if self.escaped:
+                self.escaped = False
+            elif self.in_string and byte == 0x5C:  # backslash
+                self.escaped = True
+            elif byte == QUOTE:
+                self.in_string = not self.in_string
+
+    def copy(self) -> JsonQuotes:
+        return JsonQuotes(self.in_string, self.escaped)
+
+
+@dataclass(frozen=True)
+class TokenShapes:
+    """Per token: its length in bytes, its first byte (-1: none) and how much it closes."""
+
+    lengths: np.ndarray
+    first: np.ndarray
+    closing: np.ndarray
+
+
+def _shapes(tokens: list[bytes]) -> TokenShapes:
+    lengths = np.array([len(t) for t in tokens], dtype=np.int32)
+    first = np.array([t[0] if t else -1 for t in tokens], dtype=np.int16)
+    closing = np.array([_closing(t) for t in tokens], dtype=np.int16)
+    return TokenShapes(lengths, first, closing)
+
+
+def _closing(token: bytes) -> int:
+    """How much `token` closes: brackets it shuts count double, those it opens and the
+    separators that lead to more (`,`, Llama's `;`) against it; space is never needed."""
+    if token and not token.strip():
+        return -2
+    opened = token.count(b"{") + token.count(b"[") + token.count(b",") + token.count(b";")
+    return 2 * (token.count(b"}") + token.count(b"]")) - opened
+
+
+def token_shapes(vocabulary: TokenVocabulary) -> TokenShapes:
+    return vocabulary.derived("call_budget.shapes", _shapes)
+
+
+def opening_tokens(vocabulary: TokenVocabulary, trigger: str) -> np.ndarray:
+    """Which tokens could begin `trigger` or hold it whole: those ending in a non-empty
+    prefix of it, or containing it. Masking them keeps a trigger from being written."""
+    text = trigger.encode()
+
+    def build(tokens: list[bytes]) -> np.ndarray:
+        prefixes = tuple(text[:k] for k in range(1, len(text)))
+        first = text[:1]
+        opening = np.zeros(len(tokens), dtype=np.bool_)
+        for i, t in enumerate(tokens):
+            if first in t:  # only these can hold a prefix: the rest are skipped at C speed
+                opening[i] = text in t or t.endswith(prefixes)
+        return opening
+
+    return vocabulary.derived(f"call_budget.opening:{trigger}", build)
+
+
+def allowed_ids(matcher: llguidance.LLMatcher, words: np.ndarray, vocab_size: int) -> np.ndarray:
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little", count=vocab_size))
+
+
+def shortest_completion(matcher: llguidance.LLMatcher, quotes: JsonQuotes, vocabulary: TokenVocabulary,
+                        limit: int = ZONE) -> list[int] | None:
+    """The greedy shortest way (see the module docstring) from `matcher`'s state to one
+    where its grammar accepts, as tokens; None when none is found within `limit` tokens.
+    Works on copies: `matcher` and `quotes` are left as they are."""
+    shapes = token_shapes(vocabulary)
+    eos = np.array(vocabulary.eos_token_ids, dtype=np.int64)
+    walk, quotes = matcher.deep_copy(), quotes.copy()
+    words = np.zeros((vocabulary.vocab_size + 31) // 32, dtype=np.int32)
+    path: list[int] = []
+    while not walk.is_accepting():
+        if len(path) >= limit or walk.is_error() or walk.is_stopped():
+            return None
+        ids = allowed_ids(walk, words, vocabulary.vocab_size)
+        ids = ids[~np.isin(ids, eos)]
+        if ids.size == 0:
+            return None
+        if quotes.in_string and not quotes.escaped:
+            closers = ids[shapes.first[ids] == QUOTE]
+            ids = closers if closers.size else ids
+        best = ids[np.lexsort((shapes.lengths[ids], shapes.closing[ids]))[-1]]
+        token = int(best)
+        if not walk.consume_token(token):
+            return None
+        quotes.feed(vocabulary.token_bytes(token))
+        path.append(token)
+    return path

@@ -1,0 +1,215 @@
+"""The lazy call grammar of `tool_choice: auto` (router/tool_calls/lazy_grammar.py builds
+it): the answer decodes free until its text shows a trigger (the dialect's call opener),
+then every token is held to the call grammar until the call closes; then the answer is
+free again (more calls may follow) or may only end.
+
+Why it costs a free answer next to nothing: until a trigger, a step only looks up the
+new token's bytes and searches a few dozen bytes of text for the triggers; no mask is
+computed and the logits pass through untouched (`FREE`). The matcher runs only inside
+calls, where its masks are computed with the rest of the batch's (`GrammarBatch`).
+
+The trigger may end inside a token (`<tool_call>` spelled by a vocabulary without it, or
+`{"name":` ending in `":`): the matcher is fed the text from the trigger's start (or, for
+a marker such as Mistral's special [TOOL_CALLS], from its end) as tokens of its own, which
+leaves it in the same state, since llguidance matches bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from protocol.messages import Constraint
+from worker.call_budget import MARGIN, ZONE, JsonQuotes, opening_tokens, shortest_completion, token_shapes
+from worker.grammar import FREE, GrammarProcessor, StepMasks
+from worker.vocabulary import TokenVocabulary
+
+log = logging.getLogger(__name__)
+
+_SPACE = b" \t\r\n"
+
+
+def _squeezed(text: bytes) -> bytes:
+    return text.translate(None, _SPACE)
+
+
+class TriggerWatch:
+    """Finds a constraint's triggers in an answer's text as it grows, token by token."""
+
+    def __init__(self, constraint: Constraint) -> None:
+        self.anywhere = [(t.encode(), True) for t in constraint.triggers] + [
+            (m.encode(), False) for m in constraint.markers]
+        # start triggers match whatever space the model puts inside them (`{\n  "name"`)
+        self.start = [_squeezed(t.encode()) for t in constraint.start_triggers]
+        self.at_start = bool(self.start)  # nothing but space written yet (or a start trigger's beginning)
+        self._head = b""
+        self._tail = b""
+        self._keep = max((len(t) for t, _ in self.anywhere), default=1) - 1
+
+    def see(self, data: bytes) -> bytes | None:
+        """The text the matcher must consume now that `data` was written, or None while
+        no trigger has been completed."""
+        if self.at_start:
+            self._head += data
+            head = self._head.lstrip(_SPACE)
+            squeezed = _squeezed(head)
+            for trigger in self.start:
+                if squeezed.startswith(trigger):
+                    self.rearm()
+                    return head
+            self.at_start = any(trigger.startswith(squeezed) for trigger in self.start)
+        tail = self._tail + data
+        for trigger, fed in self.anywhere:
+            found = tail.find(trigger)
+            if found >= 0:
+                self.rearm()
+                return tail[found:] if fed else tail[found + len(trigger):]
+        self._tail = tail[-self._keep:] if self._keep else b""
+        return None
+
+    def rearm(self) -> None:
+        """Watch again from here, for the triggers allowed anywhere."""
+        self.at_start = False
+        self._head = self._tail = b""
+
+    def partial_next(self) -> set[int]:
+        """The bytes that would continue a trigger the text now ends partway into."""
+        nexts = set()
+        candidates = [t for t, _ in self.anywhere] + (self.start if self.at_start else [])
+        text = _squeezed(self._head) if self.at_start else self._tail
+        for trigger in candidates:
+            for k in range(min(len(text), len(trigger) - 1), 0, -1):
+                if text.endswith(trigger[:k]):
+                    nexts.add(trigger[k])
+                    break
+        return nexts
+
+    def live_triggers(self) -> list[tuple[bytes, bool]]:
+        """The triggers that may still begin: anywhere ones, and start ones at the start."""
+        return self.anywhere + ([(t, True) for t in self.start] if self.at_start else [])
+
+
+class LazyCallProcessor(GrammarProcessor):
+    """A `GrammarProcessor` that holds nothing until a trigger (see the module docstring),
+    and keeps a call inside `max_tokens` (worker/call_budget.py): near the budget's end
+    a call in progress is closed by its shortest completion, and a trigger that could
+    no longer be followed by a whole call cannot be written.
+
+    `matcher` is the call grammar at its start; it is reset after each call."""
+
+    def __init__(self, matcher: object, constraint: Constraint, prompt_length: int, max_tokens: int,
+                 vocabulary: TokenVocabulary, batch: StepMasks | None = None, label: str = "") -> None:
+        super().__init__(matcher, prompt_length, vocabulary, batch)  # type: ignore[arg-type]
+        self._constraint = constraint
+        self._vocabulary = vocabulary
+        self._watch = TriggerWatch(constraint)
+        self._end = prompt_length + max_tokens  # the context length at which the answer is cut
+        self._label = label
+        self._active = False  # inside a call: the grammar holds every token
+        self._done = False  # a call completed and no other may follow: only EOS
+        self._quotes = JsonQuotes()
+        self._start_costs: dict[bytes, int] = {}  # trigger -> tokens a whole call from it needs at least
+        self.calls = 0  # calls the grammar held
+        self.forced = 0  # tokens forced to close a call inside the budget
+
+    @staticmethod
+    def warm(vocabulary: TokenVocabulary, constraint: Constraint) -> None:
+        """Build the vocabulary tables a budget guard may need (a walk of the whole
+        vocabulary per trigger), on the tokenizer thread rather than mid-step."""
+        for trigger in constraint.triggers + constraint.markers + constraint.start_triggers:
+            opening_tokens(vocabulary, trigger)
+
+    @property
+    def needs_mask(self) -> bool:
+        return self._active and super().needs_mask
+
+    def consume(self, new_tokens: list[int]) -> None:
+        for token in new_tokens:
+            self.next_position += 1
+            if self.error is not None or self._done:
+                continue
+            data = self._vocabulary.token_bytes(token)
+            if self._active:
+                if not self.matcher.consume_token(token):
+                    self.fail(self.matcher.get_error() or f"the call grammar refused token {token}")
+                    continue
+                self._quotes.feed(data)
+                if self.matcher.is_stopped():
+                    self._close()
+            else:
+                fed = self._watch.see(data)
+                if fed is not None:
+                    self._open(fed)
+
+    def _open(self, text: bytes) -> None:
+        ids = self._vocabulary.llg.tokenize_bytes(text)
+        if not self.matcher.consume_tokens(ids):
+            log.warning("%s: a tool call began as %r, which its grammar cannot continue; left free",
+                        self._label, text[:60])
+            self.matcher.reset()
+            return
+        self._active, self._quotes = True, JsonQuotes()
+        self._quotes.feed(text)
+        self.calls += 1
+        if self.matcher.is_stopped():
+            self._close()
+
+    def _close(self) -> None:
+        self._active = False
+        if self._constraint.rearm:
+            self.matcher.reset()
+            self._watch.rearm()
+        else:
+            self._done = True
+
+    def allowed(self, words: np.ndarray | None) -> np.ndarray:
+        if self.error is not None or self._done:
+            return self._eos_only
+        left = self._end - self.next_position  # tokens the answer may still take, this one included
+        if not self._active:
+            return self._guard(left) if left <= ZONE else FREE
+        mask = super().allowed(words)
+        if left > ZONE:
+            return mask
+        path = shortest_completion(self.matcher, self._quotes, self._vocabulary, limit=ZONE)
+        if path == []:  # the grammar may end here (Llama's `;`-joined calls): another only if it fits
+            return self._eos_only if self._start_cost(b"", True) + MARGIN >= left else mask
+        if path is not None and len(path) + MARGIN >= left:
+            self.forced += 1
+            only = np.zeros_like(mask)
+            only[path[0]] = True
+            return only
+        return mask
+
+    def _guard(self, left: int) -> np.ndarray:
+        """FREE, or every token but those that would begin a call there is no budget left
+        to finish."""
+        blocked = None
+        for trigger, fed in self._watch.live_triggers():
+            if self._start_cost(trigger, fed) + MARGIN < left:
+                continue
+            opening = opening_tokens(self._vocabulary, trigger.decode())
+            blocked = opening.copy() if blocked is None else blocked | opening
+        if blocked is None:
+            return FREE
+        for byte in self._watch.partial_next():  # a trigger begun: its next byte may not follow
+            blocked |= token_shapes(self._vocabulary).first == byte
+        return ~blocked[: self._vocab_size]
+
+    def _start_cost(self, trigger: bytes, fed: bool) -> int:
+        """The fewest tokens a whole call begun by `trigger` takes: the trigger's own and
+        the shortest completion after it (computed once per trigger, on a copy)."""
+        cost = self._start_costs.get(trigger)
+        if cost is None:
+            walk = self.matcher.deep_copy()
+            walk.reset()
+            trigger_ids = self._vocabulary.llg.tokenize_bytes(trigger)
+            if fed:
+                walk.consume_tokens(trigger_ids)
+            quotes = JsonQuotes()
+            quotes.feed(trigger if fed else b"")
+            path = shortest_completion(walk, quotes, self._vocabulary, limit=ZONE)
+            cost = len(trigger_ids) + (len(path) if path is not None else ZONE)
+            self._start_costs[trigger] = cost
+        return cost
