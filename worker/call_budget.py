@@ -26,6 +26,7 @@ from worker.vocabulary import TokenVocabulary
 
 ZONE = 64  # tokens left from which a call in progress checks its shortest completion each step
 MARGIN = 4  # forced once the completion needs all but this many of the tokens left
+RECHECK = 8  # steps between walks while the budget is still far from the last one found
 QUOTE = ord('"')
 
 

@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from protocol.messages import Constraint
-from worker.call_budget import MARGIN, ZONE, JsonQuotes, opening_tokens, shortest_completion, token_shapes
+from worker.call_budget import MARGIN, RECHECK, ZONE, JsonQuotes, opening_tokens, shortest_completion, token_shapes
 from worker.grammar import FREE, GrammarProcessor, StepMasks
 from worker.vocabulary import TokenVocabulary
 
@@ -112,6 +112,9 @@ class LazyCallProcessor(GrammarProcessor):
         self._start_costs: dict[bytes, int] = {}  # trigger -> tokens a whole call from it needs at least
         self.calls = 0  # calls the grammar held
         self.forced = 0  # tokens forced to close a call inside the budget
+        self._guarded = False  # the budget has begun to mask openers
+        self._need: int | None = None  # the last shortest completion's length, in tokens
+        self._checked_at = 0  # the tokens left when it was found
 
     @staticmethod
     def warm(vocabulary: TokenVocabulary, constraint: Constraint) -> None:
@@ -152,11 +155,16 @@ class LazyCallProcessor(GrammarProcessor):
         self._active, self._quotes = True, JsonQuotes()
         self._quotes.feed(text)
         self.calls += 1
+        log.info("%s: tool call %d began (%r); held to the tools from here", self._label, self.calls,
+                 text[:24].decode(errors="replace"))
         if self.matcher.is_stopped():
             self._close()
 
     def _close(self) -> None:
-        self._active = False
+        self._active, self._need = False, None
+        if self.forced:
+            log.info("%s: tool call %d closed inside max_tokens (%d tokens forced)", self._label, self.calls,
+                     self.forced)
         if self._constraint.rearm:
             self.matcher.reset()
             self._watch.rearm()
@@ -170,9 +178,10 @@ class LazyCallProcessor(GrammarProcessor):
         if not self._active:
             return self._guard(left) if left <= ZONE else FREE
         mask = super().allowed(words)
-        if left > ZONE:
+        if left > ZONE or not self._due(left):
             return mask
         path = shortest_completion(self.matcher, self._quotes, self._vocabulary, limit=ZONE)
+        self._need, self._checked_at = (len(path) if path is not None else ZONE), left
         if path == []:  # the grammar may end here (Llama's `;`-joined calls): another only if it fits
             return self._eos_only if self._start_cost(b"", True) + MARGIN >= left else mask
         if path is not None and len(path) + MARGIN >= left:
@@ -181,6 +190,14 @@ class LazyCallProcessor(GrammarProcessor):
             only[path[0]] = True
             return only
         return mask
+
+    def _due(self, left: int) -> bool:
+        """Whether to walk the shortest completion this step: always once the budget comes
+        near the last one found, else every RECHECK steps (a walk costs a mask per token
+        of it; a token the model writes rarely lengthens the way out by more than a few)."""
+        if self._need is None or left <= self._need + MARGIN + RECHECK:
+            return True
+        return self._checked_at - left >= RECHECK
 
     def _guard(self, left: int) -> np.ndarray:
         """FREE, or every token but those that would begin a call there is no budget left
@@ -193,6 +210,9 @@ class LazyCallProcessor(GrammarProcessor):
             blocked = opening.copy() if blocked is None else blocked | opening
         if blocked is None:
             return FREE
+        if not self._guarded:
+            self._guarded = True
+            log.info("%s: %d tokens left, too few for a whole tool call: no call is opened", self._label, left)
         for byte in self._watch.partial_next():  # a trigger begun: its next byte may not follow
             blocked |= token_shapes(self._vocabulary).first == byte
         return ~blocked[: self._vocab_size]
