@@ -146,3 +146,21 @@ def test_a_pulled_model_returns_only_valid_calls_and_none_is_cut(client: openai.
     assert ask(client, model, dialect, stream=True) == (content, calls)
     free_content, free_calls = ask(client, f"{model}:free", dialect, stream=False)  # the control
     assert not valid(free_calls), (free_content, free_calls)
+
+
+@pytest.mark.parametrize("dialect", list(OPENERS))
+def test_no_budget_cuts_a_call_into_the_text(client: openai.OpenAI, dialect: str) -> None:
+    """Budgets around a call's length: every answer is whole calls, or text without any
+    call markup; with the grammar off some budget cuts a call into the text (the control,
+    where the opener is text: Llama's and Mistral's are special tokens the detokenizer
+    drops, and a free random model writes no call object after them to cut)."""
+    def cut(model: str, max_tokens: int) -> bool:
+        message = client.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, max_tokens=max_tokens,
+                                                 temperature=0, logit_bias=pulled(dialect)).choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+        leaked = any(mark in (message.content or "") for mark in (*OPENERS[dialect], '"name"'))
+        return leaked or (bool(calls) and not valid(calls))
+    budgets = range(4, 40, 5)
+    assert not [n for n in budgets if cut(f"tiny-{dialect}", n)]
+    if dialect in ("hermes", "mlxd"):
+        assert [n for n in budgets if cut(f"tiny-{dialect}:free", n)]
