@@ -101,6 +101,11 @@ def launched(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("launch")
     home, work = root / "home", root / "project"
     work.mkdir()
+    # The clients' turns here test launch's plumbing, not the model's choices: under Claude
+    # Code's tools the 0.5B answers "Say hello." with a bare call object, which the lazy call
+    # grammar holds valid, so the one-turn run would end at its turn limit running a tool.
+    home.mkdir()
+    (home / "config.toml").write_text(f'[models."{MODEL}"]\ntool_call_grammar = false\n')
     port = free_port()
     setup = Launched(home, work, f"http://127.0.0.1:{port}")
     command = [sys.executable, "-m", "router", "launch", "claude", "--print", "--home", str(home), "--port", str(port),
