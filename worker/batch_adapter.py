@@ -1,16 +1,18 @@
 """mlx-lm's BatchGenerator as the engine uses it, and every reach into its internals.
 
 COUPLED TO MLX-LM'S PRIVATE FIELDS: `BatchGenerator._generation_batch` and that batch's
-`uids`, `logits_processors`, `_current_tokens`, `_next_tokens` and `_next_logprobs`
-(checked against mlx-lm 0.32.2). Nothing else in worker/ may touch a private attribute
-of BatchGenerator or its batches. If mlx-lm renames or reshapes them,
-`peek_sampled_token` and `decoding_rows` return None, which only turns the early first
-token and the batched grammar masks off, and tests/worker/test_batch_adapter.py fails
-naming the field that changed.
+`uids`, `prompt_cache`, `logits_processors` (which `take_processors` edits),
+`_current_tokens`, `_next_tokens` and `_next_logprobs` (checked against mlx-lm 0.32.2).
+Nothing else in worker/ may touch a private attribute of BatchGenerator or its batches.
+If mlx-lm renames or reshapes them, `peek_sampled_token`, `decoding_rows` and
+`decode_step_uids` return None and `take_processors` takes nothing, which only turns the
+early first token and the batched grammar masks off, and tests/worker/test_batch_adapter.py
+fails naming the field that changed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -91,3 +93,34 @@ def decoding_rows(generator: BatchGenerator) -> tuple[list[Any], mx.array] | Non
     if not isinstance(processors, list) or not len(processors) == len(uids) == tokens.shape[0]:
         return None
     return processors, tokens
+
+
+def take_processors(generator: BatchGenerator, select: Callable[[Any], bool]) -> list[tuple[int, Any]]:
+    """Remove every processor `select` picks from the decoding rows' processor lists, so
+    mlx-lm no longer calls it, and return them as (uid, processor); [] when mlx-lm's
+    internals have changed (then every processor stays where it was)."""
+    rows = decoding_rows(generator)
+    if rows is None:
+        return []
+    processors, _ = rows
+    uids = generator._generation_batch.uids
+    taken = []
+    for row, procs in enumerate(processors):
+        if not procs or not any(select(p) for p in procs):
+            continue
+        taken.extend((uids[row], p) for p in procs if select(p))
+        processors[row] = tuple(p for p in procs if not select(p))
+    return taken
+
+
+def decode_step_uids(generator: BatchGenerator, cache: Any) -> list[int] | None:
+    """The uids of the generation batch's rows, in row order, when a model call with
+    `cache` is that batch's decode step (its `_step`); None for any other call (a
+    prefill chunk, a new sequence's first step) or when mlx-lm's internals have changed."""
+    try:
+        batch = generator._generation_batch
+        if cache is None or cache is not batch.prompt_cache:
+            return None
+        return list(batch.uids)
+    except AttributeError:
+        return None

@@ -24,7 +24,7 @@ from worker.admission import Admission, Admitter
 from worker.batch_adapter import make_batch_generator
 from worker.detokenizer import IncrementalDetokenizer
 from worker.early_first_token import EarlyFirstToken
-from worker.grammar_batch import GrammarBatch
+from worker.grammar_batch import GrammarBatch, MaskedModel
 from worker.model_loader import LoadedModel
 from worker.prefill import prefill_rest, prefill_segments
 from worker.prefill_pacing import PrefillPacer
@@ -79,7 +79,8 @@ class Engine:
         self._generator = self._make_generator()
 
     def _make_generator(self) -> BatchGenerator:
-        return make_batch_generator(self._loaded.model, self.eos_token_ids, self._config.max_num_seqs,
+        model = MaskedModel(self._loaded.model, self._grammar_batch)  # grammar masks applied in its forward
+        return make_batch_generator(model, self.eos_token_ids, self._config.max_num_seqs,
                                     self._config.prefill_chunk_tokens)
 
     # ------------------------------------------------------------ admission
@@ -112,8 +113,7 @@ class Engine:
     def stats(self) -> dict[str, int | float]:
         """Memory and cache counters, sent with every pong for the status route."""
         return {"mlx_active_bytes": mx.get_active_memory(), "mlx_peak_bytes": mx.get_peak_memory(),
-                "mlx_cache_bytes": mx.get_cache_memory(),
-                "num_active": self.num_active, **self.prefix_cache.stats(),
+                "mlx_cache_bytes": mx.get_cache_memory(), "num_active": self.num_active, **self.prefix_cache.stats(),
                 **self.clock.stats(self._grammar_batch.wait_s, self._grammar_batch.mask_s)}
 
     def add(self, request: AddRequest, prepared: PreparedPrompt | None = None, arrived: float | None = None) -> None:

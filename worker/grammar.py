@@ -27,12 +27,10 @@ FREE = np.ones(0, dtype=np.bool_)
 
 
 class StepMasks(Protocol):
-    """What a processor asks of the engine's per-step mask preparer
-    (worker/grammar_batch.py `GrammarBatch`; a Protocol so that module can import this one)."""
+    """What a processor tells the engine's batch masker (worker/grammar_batch.py
+    `GrammarBatch`; a Protocol so that module can import this one)."""
 
     step: int
-
-    def take(self, processor: GrammarProcessor, context: mx.array) -> np.ndarray | None: ...
 
     def note_alone(self, wait_s: float, mask_s: float) -> None: ...
 
@@ -78,23 +76,15 @@ class GrammarProcessor:
     batch, arrives as the first such token), then masks the next token's logits.
     Once the grammar is complete its mask allows only EOS, so the request ends with "stop".
 
-    In a decode step the engine's `GrammarBatch` usually got there first: it read the
-    whole batch's new tokens in one host sync and computed every constrained sequence's
-    mask at once, on all cores, so the call only applies the mask it left. On its own (a
-    request's first step, a prefix hit's first token, an mlx-lm whose internals moved)
-    the call reads its context, one sync, and computes its mask alone.
+    This call is a request's first step, or every step when mlx-lm's internals have
+    moved: from its second step on, the engine's `GrammarBatch` takes the processor out
+    of mlx-lm's lists and masks its row with the rest of the batch's, in the forward
+    pass, through the same `consume`, `mask_into` and `allowed`.
 
     When: a step's masks need the tokens sampled by the step before. On a GPU the step's
     forward pass is dispatched first and runs while the masks are computed. On MLX's CPU
-    stream that dispatch itself runs most of the pass on both cores, so nothing can
-    overlap it; and reading the tokens any earlier (right after the step that sampled
-    them, to compute masks on a thread) was measured slower: that read waits for the
-    tail of the previous pass, which otherwise runs while the engine sends tokens and
-    builds the next step's graph. Computing the masks on a thread while this one
-    dispatches the pass was measured too (bench/structured.py's step split, 2-core
-    AVX2): at 8 streams the grammar's part of a step fell from 1.8-2.2 ms to 1.0-1.4 ms
-    of 80-120, but alone the matcher's threads contend with MLX's and its time per token
-    rose from ~0.4 to 1.4 ms, so it was left out.
+    stream that dispatch itself runs most of the pass on both cores (`async_eval`
+    returns when ~80% of the pass is done), so nothing can overlap it.
 
     Never raises inside a step (that would fail every sequence in the batch): an engine
     error is kept in `error`, the mask then allows only EOS, and the engine fails this
@@ -120,20 +110,18 @@ class GrammarProcessor:
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         if self._overlap:
             mx.async_eval(logits)
-        allowed = self._batch.take(self, context) if self._batch is not None else None
-        if allowed is None:
-            # The one host sync: the tokens sampled since the last call (already computed).
-            start = self.next_position
-            waited = time.perf_counter()
-            new_tokens = context[start:].tolist() if context.shape[0] > start else []
-            started = time.perf_counter()
-            self.consume(new_tokens)
-            allowed = self.allowed(self._words if self.mask_into(self._words) else None)
-            spent = time.perf_counter() - started
-            self.seconds += spent
-            self.num_masks += 1
-            if self._batch is not None:
-                self._batch.note_alone(started - waited, spent)
+        # The one host sync: the tokens sampled since the last call (already computed).
+        start = self.next_position
+        waited = time.perf_counter()
+        new_tokens = context[start:].tolist() if context.shape[0] > start else []
+        started = time.perf_counter()
+        self.consume(new_tokens)
+        allowed = self.allowed(self._words if self.mask_into(self._words) else None)
+        spent = time.perf_counter() - started
+        self.seconds += spent
+        self.num_masks += 1
+        if self._batch is not None:
+            self._batch.note_alone(started - waited, spent)
         self.last_step = self._batch.step if self._batch is not None else 0
         if allowed is FREE:
             return logits

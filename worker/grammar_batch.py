@@ -1,104 +1,134 @@
 """One decode step's grammar work for the whole batch: every constrained sequence's new
-token read in one host sync, and all their masks computed at once on every core."""
+token read in one host sync, all their masks computed at once on every core, and applied
+to the batch's logits in one operation."""
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import llguidance
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx_lm.generate import BatchGenerator
 
-from worker.batch_adapter import decoding_rows
-from worker.grammar import GrammarProcessor
+from worker.batch_adapter import decode_step_uids, take_processors
+from worker.grammar import FREE, GrammarProcessor
 
 
 class GrammarBatch:
-    """Prepares the masks of a step's constrained sequences when the first of them is
-    called, so each `GrammarProcessor` call then only applies its own.
+    """Masks the constrained rows of each decode step of the running batch itself, in
+    the model's forward (`MaskedModel`), instead of through mlx-lm's per-row processors.
 
-    Why: called one by one, each processor read its token (a host sync of ~140 µs on
-    the CPU) and computed its mask alone on one core (~270 µs right after a forward
-    pass), 3.5 ms of a 109 ms step at 8 constrained streams of the default model.
+    Why: as a logits processor, each constrained row cost its own slice of the logits,
+    mask upload, `where` and a concatenation of every row, a token context update, and
+    a host sync; at 8 constrained streams of the default model that was 5% of a step,
+    of which computing the masks was not 1% (measured in-process, interleaved).
+    Here the step pays one sync, one executor call for every mask and one `where`;
+    a batch whose rows are all free before their triggers pays the sync alone.
 
-    Invariant: a processor is prepared only when it is *steady*: called in the step
-    before this one, so its context grew by exactly the one token this step feeds its
-    row, `decoding_rows`' `tokens[row]`. Any other call (a sequence's first step, a
-    prefix hit's first token, a new sequence's first step outside the running batch)
-    is left to the processor alone, as is everything when mlx-lm's internals moved.
+    A request's processor starts as an mlx-lm logits processor: its first step (in the
+    small batch mlx-lm makes for a sequence that finished its prompt, or a prefix hit's
+    first token) is called with its context, which it reads itself. When a step begins,
+    every processor called in the step before is *steady*: the token this step feeds its
+    row is exactly the one sampled since. `begin` then takes it out of mlx-lm's lists
+    (worker/batch_adapter.py `take_processors`) and masks its row from here on. When
+    mlx-lm's internals have moved, nothing is taken and every processor runs alone.
     """
 
     def __init__(self, vocab_size: int, num_threads: int | None = None) -> None:
         self.step = 0
+        self._vocab_size = vocab_size
         self._generator: BatchGenerator | None = None
-        self._prepared_step = -1
-        self._masks: dict[int, np.ndarray] = {}  # id(processor) -> its allowed tokens this step
+        self._rows: dict[int, GrammarProcessor] = {}  # uid -> the processor this batch masks for
         self._words = np.zeros((8, (vocab_size + 31) // 32), dtype=np.int32)
         threads = num_threads or min(os.cpu_count() or 1, 8)  # more than a batch's masks would idle
         self._executor = llguidance.LLExecutor(num_threads=threads)
+        self._overlap = mx.default_device().type == mx.DeviceType.gpu  # see GrammarProcessor's "When"
         # host time since start, for the step's time split (Engine.stats): waiting for the
         # step before to finish so its tokens can be read, and consuming them + masks
         self.wait_s = 0.0
         self.mask_s = 0.0
 
     def begin(self, generator: BatchGenerator) -> None:
-        """A new step of `generator` is about to run."""
+        """A new step of `generator` is about to run: take over the steady processors."""
         self.step += 1
+        if generator is not self._generator:
+            self._rows.clear()
         self._generator = generator
-        self._masks.clear()
+        steady = take_processors(generator, self._is_steady)
+        self._rows.update(steady)
 
-    def take(self, processor: GrammarProcessor, context: mx.array) -> np.ndarray | None:
-        """`processor`'s allowed tokens for this step if the batch prepared them, or None
-        (then the processor computes them itself)."""
-        if self._prepared_step != self.step:
-            self._prepared_step = self.step
-            self._prepare()
-        allowed = self._masks.pop(id(processor), None)
-        if allowed is not None and context.shape[0] != processor.next_position:
-            # cannot happen while the invariant holds; never mask by a guess
-            processor.fail("the batch's token stream and this sequence's context disagree")
-            return processor.allowed(None)
-        return allowed
+    def _is_steady(self, processor: Any) -> bool:
+        return isinstance(processor, GrammarProcessor) and processor.last_step == self.step - 1
 
-    def _prepare(self) -> None:
-        if self._generator is None:
-            return
-        rows = decoding_rows(self._generator)
-        if rows is None:
-            return
-        processors, tokens = rows
-        steady = [(row, p) for row, procs in enumerate(processors) for p in (procs or ())
-                  if isinstance(p, GrammarProcessor) and p.last_step == self.step - 1]
-        if not steady:
-            return
+    @property
+    def num_rows(self) -> int:
+        """The rows this batch masks (tests and status)."""
+        return len(self._rows)
+
+    def mask(self, inputs: mx.array, cache: Any, logits: mx.array) -> mx.array:
+        """`logits` of a model call with every constrained row's forbidden tokens at -inf
+        when the call is the running batch's decode step; untouched otherwise."""
+        if not self._rows or self._generator is None:
+            return logits
+        uids = decode_step_uids(self._generator, cache)
+        if uids is None:
+            return logits
+        live = set(uids)
+        for uid in [u for u in self._rows if u not in live]:  # finished or aborted
+            del self._rows[uid]
+        rows = [(row, self._rows[uid]) for row, uid in enumerate(uids) if uid in self._rows]
+        if not rows:
+            return logits
+        if self._overlap:
+            mx.async_eval(logits)
         waited = time.perf_counter()
-        new_tokens = tokens.tolist()  # the one host sync of the step
+        tokens = inputs.reshape(-1).tolist()  # the one host sync of the step
         started = time.perf_counter()
         self.wait_s += started - waited
-        for row, processor in steady:
-            processor.consume([new_tokens[row]])
-        masked = [p for _, p in steady if p.needs_mask]
+        allowed = self._allowed(rows, tokens)
+        spent = time.perf_counter() - started
+        self.mask_s += spent
+        share = spent / len(rows)
+        for _, processor in rows:
+            processor.last_step = self.step
+            processor.seconds += share
+            processor.num_masks += 1
+            processor.num_batched += 1
+        held = [(row, mask) for row, mask in allowed if mask is not FREE]
+        if not held:
+            return logits
+        width = logits.shape[-1]
+        full = np.ones((logits.shape[0], width), dtype=np.bool_)
+        for row, mask in held:
+            n = min(width, mask.shape[0])
+            full[row, :n] = mask[:n]
+            full[row, n:] = False  # logits wider than the vocabulary: padding ids, never allowed
+        return mx.where(mx.array(full).reshape(logits.shape), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    def _allowed(self, rows: list[tuple[int, GrammarProcessor]], tokens: list[int]) -> list[tuple[int, np.ndarray]]:
+        """Each row's processor fed its new token, then every mask the matchers need
+        computed in one executor call; (row, allowed tokens or FREE)."""
+        for row, processor in rows:
+            processor.consume([tokens[row]])
+        masked = [p for _, p in rows if p.needs_mask]
         words = self._buffer(len(masked))
         if masked:
             self._executor.unsafe_compute_mask_ptr([(p.matcher, i) for i, p in enumerate(masked)],
                                                    words.ctypes.data, words.shape[1] * 4, len(masked))
-        rows_of = {id(p): i for i, p in enumerate(masked)}
-        for _, processor in steady:
+        index = {id(p): i for i, p in enumerate(masked)}
+        allowed = []
+        for row, processor in rows:
             processor.check_matcher()
-            i = rows_of.get(id(processor))
-            self._masks[id(processor)] = processor.allowed(words[i] if i is not None else None)
-        spent = time.perf_counter() - started
-        self.mask_s += spent
-        share = spent / len(steady)
-        for _, processor in steady:
-            processor.seconds += share
-            processor.num_masks += 1
-            processor.num_batched += 1
+            i = index.get(id(processor))
+            allowed.append((row, processor.allowed(words[i] if i is not None else None)))
+        return allowed
 
     def note_alone(self, wait_s: float, mask_s: float) -> None:
-        """A processor read its tokens and computed its mask alone (see `take`)."""
+        """A processor read its tokens and computed its mask alone (a first step)."""
         self.wait_s += wait_s
         self.mask_s += mask_s
 
@@ -107,3 +137,20 @@ class GrammarBatch:
         if self._words.shape[0] < num_rows:
             self._words = np.zeros((num_rows, self._words.shape[1]), dtype=np.int32)
         return self._words
+
+
+class MaskedModel:
+    """The model as the BatchGenerator calls it: the forward pass, then the grammar
+    masks of the running batch's constrained rows (`GrammarBatch.mask`). Everything
+    else (layers, make_cache, args) is the model's own."""
+
+    def __init__(self, model: nn.Module, grammar: GrammarBatch) -> None:
+        self._model = model
+        self._grammar = grammar
+
+    def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+        logits = self._model(inputs, cache=cache, **kwargs)
+        return self._grammar.mask(inputs, cache, logits)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)

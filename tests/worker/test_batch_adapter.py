@@ -14,11 +14,13 @@ from mlx_lm.generate import BatchGenerator
 from tests.worker.tiny_models import make_tiny
 from worker.batch_adapter import (
     CHECKED_MLX_LM_VERSION,
+    decode_step_uids,
     decoding_rows,
     make_batch_generator,
     peek_sampled_token,
     sampled_logprobs,
     sampled_token,
+    take_processors,
 )
 
 PROMPT = list(range(100, 140))
@@ -105,3 +107,44 @@ def test_the_rows_a_step_feeds_are_what_its_processors_see(tiny) -> None:
     assert len(in_batch) >= 3 and all(found for found, _, _ in in_batch), f"{CHANGED}: a decoding row is missing"
 
     assert all(fed == grew for _, fed, grew in in_batch), f"{CHANGED}: `_current_tokens` is not what the step feeds"
+
+
+def test_a_processor_taken_from_its_row_is_no_longer_called(tiny) -> None:
+    """`take_processors` removes only what it selects from the running batch's rows and
+    mlx-lm stops calling it; `decode_step_uids` names the rows only in the running
+    batch's decode call, never in a prefill chunk or a new sequence's first step
+    (worker/grammar_batch.py masks the taken grammars' rows through both)."""
+    calls = {"taken": 0, "kept": 0}
+
+    def taken(context: mx.array, logits: mx.array) -> mx.array:
+        calls["taken"] += 1
+        return logits
+
+    def kept(context: mx.array, logits: mx.array) -> mx.array:
+        calls["kept"] += 1
+        return logits
+
+    seen: list[tuple[int, list[int] | None]] = []
+
+    class Recording:  # the model as the generator calls it
+        def __call__(self, inputs: mx.array, cache: object = None) -> mx.array:
+            seen.append((inputs.shape[1], decode_step_uids(generator, cache)))
+            return tiny.model(inputs, cache=cache)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(tiny.model, name)
+
+    generator = make_batch_generator(Recording(), eos_token_ids=[], max_num_seqs=2, prefill_chunk_tokens=16)
+    (uid,) = generator.insert_segments([[PROMPT]], max_tokens=[30], logits_processors=[[taken, kept]])
+    while not calls["taken"]:
+        generator.next()
+    first_steps = len(seen)
+    generator.next()  # the first step of the running batch, with both processors
+    assert take_processors(generator, lambda p: p is taken) == [(uid, taken)], f"{CHANGED}: no processor taken"
+    before = dict(calls)
+    for _ in range(3):
+        generator.next()
+    assert calls == {"taken": before["taken"], "kept": before["kept"] + 3}, f"{CHANGED}: processors moved"
+    assert all(uids is None for _, uids in seen[:first_steps]), "a prefill or first step taken for a decode step"
+    assert seen[first_steps:] and all(uids == [uid] and width == 1 for width, uids in seen[first_steps:]), (
+        f"{CHANGED}: the decode step's cache is not `_generation_batch.prompt_cache`")

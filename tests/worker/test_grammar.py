@@ -166,9 +166,10 @@ def test_a_constraint_the_vocabulary_cannot_serve_is_refused_at_admission(tiny) 
 
 
 def test_a_batch_of_constrained_requests_gets_its_masks_in_one_pass(tiny, monkeypatch) -> None:
-    """Masks prepared for the whole step (worker/grammar_batch.py) give every sequence
-    exactly its solo tokens; the counters show the batched path ran, and with it
-    switched off (mlx-lm internals moved) the same tokens come from the fallback."""
+    """Masks applied to the whole step in the forward pass (worker/grammar_batch.py)
+    give every sequence exactly its solo tokens; the counters show the batched path ran,
+    and with it switched off (mlx-lm internals moved) the same tokens come from each
+    processor alone."""
     requests = [("a", chat("Describe topic 1 as JSON."), Constraint("json_schema", json.dumps(SCHEMA))),
                 ("b", chat("Describe topic 2 as JSON."), Constraint("json_schema", json.dumps(SCHEMA))),
                 ("t", chat("What is the weather in Rome?"), Constraint("lark", TOOL_CALL)),
@@ -197,37 +198,6 @@ def test_a_batch_of_constrained_requests_gets_its_masks_in_one_pass(tiny, monkey
     # all but each sequence's first step (outside the running batch) were batched
     assert all(g.num_batched == g.num_masks - 1 for g in grammars), [(g.num_batched, g.num_masks) for g in grammars]
 
-    monkeypatch.setattr("worker.grammar_batch.decoding_rows", lambda generator: None)
+    monkeypatch.setattr("worker.grammar_batch.take_processors", lambda generator, select: [])
     alone, grammars = batched()
     assert alone == solo and all(g.num_batched == 0 for g in grammars)
-
-
-def test_a_context_out_of_step_with_the_batch_fails_the_request_not_the_mask(vocabulary: TokenVocabulary) -> None:
-    """The batch prepares a mask only for a sequence one token on; if the context then
-    disagrees, the request fails (EOS only, then GrammarError) rather than being masked
-    by a guess."""
-    from worker.grammar_batch import GrammarBatch
-
-    batch = GrammarBatch(vocabulary.vocab_size)
-    processor = GrammarProcessor(GrammarCompiler(vocabulary).compile(Constraint("json_object")), 1, vocabulary, batch)
-    brace, quote = vocabulary.llg.tokenize_str("{")[0], vocabulary.llg.tokenize_str('"')[0]
-    fed = [brace]
-
-    class Rows:  # stands in for the generator: one decoding row fed `brace`
-        pass
-    batch.begin(Rows())
-    allowed_ids(processor, [5], vocabulary.vocab_size)  # first call: alone
-    import worker.grammar_batch as grammar_batch
-    original = grammar_batch.decoding_rows
-    try:
-        grammar_batch.decoding_rows = lambda generator: ([[processor]], mx.array(fed))
-        batch.begin(Rows())
-        assert len(allowed_ids(processor, [5, brace], vocabulary.vocab_size)) > 1  # prepared, in step
-        assert processor.num_batched == 1 and processor.error is None
-        fed[0] = quote  # a token the grammar takes, but the context is two tokens on
-        batch.begin(Rows())
-        assert allowed_ids(processor, [5, brace, quote, quote], vocabulary.vocab_size) == set(vocabulary.eos_token_ids)
-    finally:
-        grammar_batch.decoding_rows = original
-    with pytest.raises(GrammarError, match="disagree"):
-        processor.check()
