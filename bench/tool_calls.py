@@ -20,7 +20,8 @@ call markup the server returned as text counts as an invalid attempt), the right
 expected), the text-answer rate after a tool result, calls mlxd recovered from text (its
 `mlxd.tool_calls` block), repeated calls, and decode tok/s (completion tokens over mlxd's
 own decode time, or llama.cpp's `timings`; and, for mlxd's arms, again on a second pass
-whose prompts are all cached, `decode_phase`: the ratio of the two arms is taken there).
+whose prompts are all cached and whose answers all run to `--decode-tokens`,
+`decode_phase`: the ratio of the two arms is taken there).
 Prints one JSON object on stdout; progress on stderr.
 """
 
@@ -42,7 +43,7 @@ from typing import Any
 import httpx
 import jsonschema
 
-from common import REPO, CpuMeter, emit, environment, llamacpp_server, log, mlxd_server
+from common import REPO, CpuMeter, emit, environment, eos_token_ids, llamacpp_server, log, mlxd_server
 from engine import ensure_llama_server, llamacpp_build_info
 
 HOME = Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))  # the tests' provisioned models
@@ -70,10 +71,11 @@ def load_set(path: Path) -> list[dict[str, Any]]:
     return groups
 
 
-def ask(client: httpx.Client, model: str, group: dict[str, Any], turn: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+def ask(client: httpx.Client, model: str, group: dict[str, Any], turn: dict[str, Any], max_tokens: int,
+        **extra: Any) -> dict[str, Any]:
     """One turn, answered greedily; the answer as the OpenAI API gives it, timed."""
     body = {"model": model, "temperature": 0, "max_tokens": max_tokens, "tools": group["tools"],
-            "messages": [{"role": "system", "content": group["system"]}, *turn["messages"]]}
+            "messages": [{"role": "system", "content": group["system"]}, *turn["messages"]], **extra}
     started = time.perf_counter()
     response = client.post(CHAT, json=body)
     if response.status_code != 200:
@@ -157,27 +159,36 @@ def run_groups(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]]
 
 
 def decode_phase(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]], concurrency: int,
-                 max_tokens: int) -> dict[str, float | None]:
-    """Each arm's decode speed on its own, answers all of whose prompts are cached: every
-    group's turns again (greedy: the same answers), arm after arm inside a group, all of
-    a group's turns at once. The first pass cannot tell it: there every answer's decode
-    time includes the prefill chunks of the turns beside it, and the arms' answers differ
-    in length (the grammar writes arguments compact), so a shorter answer spends more of
-    its life beside others' prefill. Completion tokens (after the first) over the worker's
-    decode time (`mlxd.timings.decode_s`)."""
+                 max_tokens: int, eos_ids: list[int]) -> dict[str, dict[str, Any]]:
+    """Each arm's decode speed on its own, with every answer the same length: every
+    group's turns again, arm after arm inside a group, all of a group's turns at once,
+    their prompts all cached, EOS pushed out of reach (logit_bias -100) so that each
+    answer runs to `max_tokens` (a call that closes is followed by more text or calls:
+    the grammar lets the answer go on where the request allows parallel calls).
+
+    The first pass cannot tell it: there every answer's decode time includes the prefill
+    chunks of the turns beside it, and the arms' answers differ in length (the grammar
+    writes arguments compact), so the batch empties at a different pace in each arm and
+    a longer answer's last tokens decode in a smaller, faster batch. Completion tokens
+    (after the first) over the worker's decode time (`mlxd.timings.decode_s`)."""
+    bias = {str(t): -100.0 for t in eos_ids}
     tokens = dict.fromkeys(arms, 0)
     seconds = dict.fromkeys(arms, 0.0)
+    shortest: dict[str, int] = {}
     with httpx.Client(base_url=base_url, timeout=httpx.Timeout(3600.0)) as client, \
             ThreadPoolExecutor(concurrency) as pool:
         for group in groups:
             for arm, model in arms.items():
-                for answer in pool.map(lambda turn: ask(client, model, group, turn, max_tokens), group["turns"]):
+                for answer in pool.map(lambda turn: ask(client, model, group, turn, max_tokens, logit_bias=bias),
+                                       group["turns"]):
                     decode_s = (answer.get("mlxd") or {}).get("timings", {}).get("decode_s") or 0.0
                     used = (answer.get("usage") or {}).get("completion_tokens") or 0
+                    shortest[arm] = min(shortest.get(arm, used), used)
                     if decode_s and used > 1:
                         tokens[arm] += used - 1
                         seconds[arm] += decode_s
-    return {arm: round(tokens[arm] / seconds[arm], 2) if seconds[arm] else None for arm in arms}
+    return {arm: {"tok_s": round(tokens[arm] / seconds[arm], 2) if seconds[arm] else None,
+                  "min_completion_tokens": shortest.get(arm)} for arm in arms}
 
 
 def rates(scored: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,7 +249,8 @@ def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace,
         started = time.perf_counter()
         per_turn = run_groups(server.base_url, profiles, groups, args.concurrency, args.max_tokens)
         wall_s, other_cores = time.perf_counter() - started, meter.other_cores()
-        decode = decode_phase(server.base_url, profiles, groups, args.concurrency, args.max_tokens)
+        decode = decode_phase(server.base_url, profiles, groups, args.concurrency, args.decode_tokens,
+                              eos_token_ids(model_dir))
     if llama_build is not None and args.arms == "grammar":
         gguf = HOME / "downloads" / catalog_model.gguf_file
         slots = args.llamacpp_concurrency
@@ -251,8 +263,9 @@ def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace,
             per_turn["llamacpp"] = run_groups(llama.base_url, {"llamacpp": gguf.name}, groups, slots,
                                               args.max_tokens)["llamacpp"]
     figures = {arm: rates(scored) for arm, scored in per_turn.items()}
-    for arm, tok_s in decode.items():
-        figures[arm]["decode_tok_s_cached"] = tok_s
+    for arm, phase in decode.items():
+        figures[arm]["decode_tok_s_cached"] = phase["tok_s"]
+        figures[arm]["decode_phase_min_completion_tokens"] = phase["min_completion_tokens"]
     for arm, arm_figures in figures.items():
         log("%s %s: %s", name, arm, {k: arm_figures.get(k) for k in ("valid_call_rate", "right_tool_rate", "decode_tok_s",
                                                                        "decode_tok_s_cached")})
@@ -312,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the whole prompt, 6 min per five Claude Code turns on the 1.5B). Only rates are "
                              "compared with llama.cpp, not speed")
     parser.add_argument("--max-tokens", type=int, default=128, help="most tokens an answer may take (default 128)")
+    parser.add_argument("--decode-tokens", type=int, default=96,
+                        help="every answer's length in the decode-speed pass (EOS biased out; default 96)")
     parser.add_argument("--limit", type=int, default=0, help="only N turns of each group, spread over it (a quicker run)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     args = parser.parse_args(argv)
@@ -379,7 +394,8 @@ def report(args: argparse.Namespace, groups: list[dict[str, Any]], env: dict[str
                 "groups": {g["name"]: {"num_turns": len(g["turns"]), "num_tools": len(g["tools"]), "source": g["source"]}
                            for g in groups}},
         "config": {"endpoint": CHAT + " (non-streaming, temperature 0, tool_choice auto)",
-                   "max_tokens": args.max_tokens, "concurrency": args.concurrency, "arms": args.arms,
+                   "max_tokens": args.max_tokens, "decode_tokens": args.decode_tokens,
+                   "concurrency": args.concurrency, "arms": args.arms,
                    "llamacpp_concurrency": args.llamacpp_concurrency,
                    "mlxd_profiles": ARM_SETS[args.arms], "models": args.models, "home": str(HOME)},
         "environment": {**env, "loadavg_1m_now": round(os.getloadavg()[0], 2)},
