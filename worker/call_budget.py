@@ -28,6 +28,7 @@ ZONE = 64  # tokens left from which a call in progress checks its shortest compl
 MARGIN = 4  # forced once the completion needs all but this many of the tokens left
 RECHECK = 8  # steps between walks while the budget is still far from the last one found
 QUOTE = ord('"')
+_NUMBER = b"0123456789.eE+-"
 
 
 class JsonQuotes:
@@ -69,8 +70,10 @@ def _shapes(tokens: list[bytes]) -> TokenShapes:
 
 def _closing(token: bytes) -> int:
     """How much `token` closes: brackets it shuts count double, those it opens and the
-    separators that lead to more (`,`, Llama's `;`) against it; space is never needed."""
-    if token and not token.strip():
+    separators that lead to more (`,`, Llama's `;`) against it; space is never needed,
+    and neither is more than one token of a number (a number may grow forever: a walk
+    that preferred its digits to the `,` after them would never end)."""
+    if token and (not token.strip() or not token.strip(_NUMBER)):
         return -2
     opened = token.count(b"{") + token.count(b"[") + token.count(b",") + token.count(b";")
     return 2 * (token.count(b"}") + token.count(b"]")) - opened

@@ -31,7 +31,7 @@ def enforceable(parameters: dict[str, Any] | None) -> dict[str, Any]:
     """`parameters` (None: any object), loosened as the module docstring says."""
     if not parameters:
         return ANY_OBJECT
-    return json.loads(_enforceable(json.dumps(parameters, sort_keys=True)))
+    return json.loads(_enforceable(json.dumps(parameters)))  # key order kept: the grammar holds properties to it
 
 
 @functools.lru_cache(maxsize=256)

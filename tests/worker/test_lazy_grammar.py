@@ -167,3 +167,33 @@ def test_the_shortest_completion_closes_an_open_call(tiny, vocabulary: TokenVoca
     assert path is not None and len(path) <= 12
     finished = text + tiny.tokenizer.decode(path)
     assert valid(calls_in(finished)[0]), finished
+
+
+FORECAST = ToolRequest((ToolSpec("get_forecast", {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]},
+                                     "days": {"type": "integer"}},
+    "required": ["city", "unit", "days"], "additionalProperties": False}),))
+
+
+def test_a_call_may_write_its_arguments_in_the_order_the_tool_declares_them(vocabulary: TokenVocabulary) -> None:
+    """The grammar holds an object's properties to the schema's order; that must be the
+    order the tool declared (the one the model saw in its prompt), not an alphabetical one."""
+    matcher = GrammarCompiler(vocabulary).compile(lazy_call_constraint("hermes", FORECAST))
+    text = '<tool_call>\n{"name": "get_forecast", "arguments": {"city": "Paris", "unit": "c", "days": 3}}\n</tool_call>'
+    assert matcher.consume_tokens(vocabulary.llg.tokenize_str(text)), matcher.get_error()
+    assert matcher.is_accepting()
+
+
+@pytest.mark.parametrize("written", ['{"city": "Par', '{"city": "Paris", "unit": "c", "days": 1'])
+def test_the_shortest_completion_ends_a_number(tiny, vocabulary: TokenVocabulary, written: str) -> None:
+    """An integer may grow forever: a walk that preferred its digits to what follows
+    found no way out within the zone, so such a call could not be closed in time."""
+    matcher = GrammarCompiler(vocabulary).compile(lazy_call_constraint("hermes", FORECAST))
+    text = '<tool_call>\n{"name": "get_forecast", "arguments": ' + written
+    assert matcher.consume_tokens(vocabulary.llg.tokenize_str(text)), matcher.get_error()
+    quotes = call_budget.JsonQuotes()
+    quotes.feed(text.encode())
+    path = call_budget.shortest_completion(matcher, quotes, vocabulary)
+    assert path is not None and len(path) <= 16, path
+    (call,) = calls_in(text + tiny.tokenizer.decode(path))
+    jsonschema.validate(call["arguments"], FORECAST.tools[0].parameters)
