@@ -159,7 +159,7 @@ def run_groups(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]]
 
 
 def decode_phase(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]], concurrency: int,
-                 max_tokens: int, eos_ids: list[int]) -> dict[str, dict[str, Any]]:
+                 max_tokens: int, eos_ids: list[int], repeats: int = 1) -> dict[str, dict[str, Any]]:
     """Each arm's decode speed on its own, with every answer the same length: every
     group's turns again, arm after arm inside a group, all of a group's turns at once,
     their prompts all cached, EOS pushed out of reach (logit_bias -100) so that each
@@ -170,23 +170,28 @@ def decode_phase(base_url: str, arms: dict[str, str], groups: list[dict[str, Any
     chunks of the turns beside it, and the arms' answers differ in length (the grammar
     writes arguments compact), so the batch empties at a different pace in each arm and
     a longer answer's last tokens decode in a smaller, faster batch. Completion tokens
-    (after the first) over the worker's decode time (`mlxd.timings.decode_s`)."""
+    (after the first) over the worker's decode time (`mlxd.timings.decode_s`), summed
+    over `repeats` passes; which arm goes first alternates from group to group and pass
+    to pass, so neither arm always meets the machine's slower moments (its speed drifts
+    by 10-15% within a minute here)."""
     bias = {str(t): -100.0 for t in eos_ids}
     tokens = dict.fromkeys(arms, 0)
     seconds = dict.fromkeys(arms, 0.0)
     shortest: dict[str, int] = {}
     with httpx.Client(base_url=base_url, timeout=httpx.Timeout(3600.0)) as client, \
             ThreadPoolExecutor(concurrency) as pool:
-        for group in groups:
-            for arm, model in arms.items():
-                for answer in pool.map(lambda turn: ask(client, model, group, turn, max_tokens, logit_bias=bias),
-                                       group["turns"]):
-                    decode_s = (answer.get("mlxd") or {}).get("timings", {}).get("decode_s") or 0.0
-                    used = (answer.get("usage") or {}).get("completion_tokens") or 0
-                    shortest[arm] = min(shortest.get(arm, used), used)
-                    if decode_s and used > 1:
-                        tokens[arm] += used - 1
-                        seconds[arm] += decode_s
+        rounds = [(group, arm) for r in range(repeats) for g, group in enumerate(groups)
+                  for arm in (list(arms) if (g + r) % 2 == 0 else list(arms)[::-1])]
+        for group, arm in rounds:
+            model = arms[arm]
+            for answer in pool.map(lambda turn: ask(client, model, group, turn, max_tokens, logit_bias=bias),
+                                   group["turns"]):
+                decode_s = (answer.get("mlxd") or {}).get("timings", {}).get("decode_s") or 0.0
+                used = (answer.get("usage") or {}).get("completion_tokens") or 0
+                shortest[arm] = min(shortest.get(arm, used), used)
+                if decode_s and used > 1:
+                    tokens[arm] += used - 1
+                    seconds[arm] += decode_s
     return {arm: {"tok_s": round(tokens[arm] / seconds[arm], 2) if seconds[arm] else None,
                   "min_completion_tokens": shortest.get(arm)} for arm in arms}
 
@@ -250,7 +255,7 @@ def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace,
         per_turn = run_groups(server.base_url, profiles, groups, args.concurrency, args.max_tokens)
         wall_s, other_cores = time.perf_counter() - started, meter.other_cores()
         decode = decode_phase(server.base_url, profiles, groups, args.concurrency, args.decode_tokens,
-                              eos_token_ids(model_dir))
+                              eos_token_ids(model_dir), args.decode_repeats)
     if llama_build is not None and args.arms == "grammar":
         gguf = HOME / "downloads" / catalog_model.gguf_file
         slots = args.llamacpp_concurrency
@@ -327,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128, help="most tokens an answer may take (default 128)")
     parser.add_argument("--decode-tokens", type=int, default=96,
                         help="every answer's length in the decode-speed pass (EOS biased out; default 96)")
+    parser.add_argument("--decode-repeats", type=int, default=2, help="passes of the decode-speed pass (default 2)")
     parser.add_argument("--limit", type=int, default=0, help="only N turns of each group, spread over it (a quicker run)")
     parser.add_argument("--out", type=Path, help="also write the JSON to this file")
     args = parser.parse_args(argv)
@@ -394,7 +400,7 @@ def report(args: argparse.Namespace, groups: list[dict[str, Any]], env: dict[str
                 "groups": {g["name"]: {"num_turns": len(g["turns"]), "num_tools": len(g["tools"]), "source": g["source"]}
                            for g in groups}},
         "config": {"endpoint": CHAT + " (non-streaming, temperature 0, tool_choice auto)",
-                   "max_tokens": args.max_tokens, "decode_tokens": args.decode_tokens,
+                   "max_tokens": args.max_tokens, "decode_tokens": args.decode_tokens, "decode_repeats": args.decode_repeats,
                    "concurrency": args.concurrency, "arms": args.arms,
                    "llamacpp_concurrency": args.llamacpp_concurrency,
                    "mlxd_profiles": ARM_SETS[args.arms], "models": args.models, "home": str(HOME)},
