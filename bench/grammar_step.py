@@ -38,6 +38,7 @@ import llguidance  # noqa: E402
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from common import REPO  # noqa: E402
 from worker.batch_adapter import make_batch_generator  # noqa: E402
 from worker.model_loader import load_for_serving  # noqa: E402
 from worker.vocabulary import TokenVocabulary  # noqa: E402
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from models.catalog import find_model
         from models.provision import provision_model
 
-        home = Path(os.environ.get("MLXD_TEST_HOME", Path(__file__).resolve().parent.parent / ".cache" / "test-home"))
+        home = Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))
         args.model_dir = provision_model(home, find_model("qwen2.5-coder-0.5b"))
     loaded = load_for_serving(args.model_dir)
     tokenizer = loaded.tokenizer

@@ -106,10 +106,10 @@ def take_processors(generator: BatchGenerator, select: Callable[[Any], bool]) ->
     uids = generator._generation_batch.uids
     taken = []
     for row, procs in enumerate(processors):
-        if not procs or not any(select(p) for p in procs):
-            continue
-        taken.extend((uids[row], p) for p in procs if select(p))
-        processors[row] = tuple(p for p in procs if not select(p))
+        picked = [p for p in procs or () if select(p)]
+        if picked:
+            taken.extend((uids[row], p) for p in picked)
+            processors[row] = tuple(p for p in procs if p not in picked)
     return taken
 
 

@@ -36,11 +36,14 @@ class GrammarBatch:
     row is exactly the one sampled since. `begin` then takes it out of mlx-lm's lists
     (worker/batch_adapter.py `take_processors`) and masks its row from here on. When
     mlx-lm's internals have moved, nothing is taken and every processor runs alone.
+
+    A taken grammar masks before the row's other processors (logit_bias, penalties)
+    instead of after them: the same tokens, since those only add to or scale a logit
+    and -inf stays -inf under both.
     """
 
     def __init__(self, vocab_size: int, num_threads: int | None = None) -> None:
         self.step = 0
-        self._vocab_size = vocab_size
         self._generator: BatchGenerator | None = None
         self._rows: dict[int, GrammarProcessor] = {}  # uid -> the processor this batch masks for
         self._words = np.zeros((8, (vocab_size + 31) // 32), dtype=np.int32)
@@ -63,11 +66,6 @@ class GrammarBatch:
 
     def _is_steady(self, processor: Any) -> bool:
         return isinstance(processor, GrammarProcessor) and processor.last_step == self.step - 1
-
-    @property
-    def num_rows(self) -> int:
-        """The rows this batch masks (tests and status)."""
-        return len(self._rows)
 
     def mask(self, inputs: mx.array, cache: Any, logits: mx.array) -> mx.array:
         """`logits` of a model call with every constrained row's forbidden tokens at -inf
