@@ -168,9 +168,10 @@ class Admitter:
     def _compile(self, request: AddRequest) -> llguidance.LLMatcher | None:
         if request.constraint is None:
             return None
+        matcher = self._grammars.compile(request.constraint)
         if request.constraint.lazy:
-            LazyCallProcessor.warm(self._vocabulary, request.constraint)
-        return self._grammars.compile(request.constraint)
+            LazyCallProcessor.warm(self._vocabulary, request.constraint, matcher)
+        return matcher
 
     def _grammar(self, request: AddRequest, matcher: llguidance.LLMatcher | None, prompt_length: int,
                  max_tokens: int) -> GrammarProcessor | None:

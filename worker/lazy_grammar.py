@@ -16,6 +16,7 @@ leaves it in the same state, since llguidance matches bytes.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import numpy as np
@@ -28,6 +29,7 @@ from worker.vocabulary import TokenVocabulary
 log = logging.getLogger(__name__)
 
 _SPACE = b" \t\r\n"
+_START_COSTS_KEPT = 1024  # (grammar, trigger) pairs whose shortest call is kept: a few dozen integers each
 
 
 def _squeezed(text: bytes) -> bytes:
@@ -110,18 +112,24 @@ class LazyCallProcessor(GrammarProcessor):
         self._done = False  # a call completed and no other may follow: only EOS
         self._quotes = JsonQuotes()
         self._start_costs: dict[bytes, int] = {}  # trigger -> tokens a whole call from it needs at least
+        self._start_paths: dict[bytes, list[int]] = {}  # the matcher's first input -> the shortest call after it
         self.calls = 0  # calls the grammar held
         self.forced = 0  # tokens forced to close a call inside the budget
         self._guarded = False  # the budget has begun to mask openers
         self._need: int | None = None  # the last shortest completion's length, in tokens
         self._checked_at = 0  # the tokens left when it was found
+        self._path: list[int] | None = None  # that completion's tokens not yet written, while the answer follows it
+        self._blocked: dict[tuple[bytes, ...], np.ndarray] = {}  # the guard's masks, by the triggers they block
 
     @staticmethod
-    def warm(vocabulary: TokenVocabulary, constraint: Constraint) -> None:
-        """Build the vocabulary tables a budget guard may need (a walk of the whole
-        vocabulary per trigger), on the tokenizer thread rather than mid-step."""
-        for trigger in constraint.triggers + constraint.markers + constraint.start_triggers:
-            opening_tokens(vocabulary, trigger)
+    def warm(vocabulary: TokenVocabulary, constraint: Constraint, matcher: object) -> None:
+        """Build what a budget guard may need, on the tokenizer thread rather than mid-step:
+        the vocabulary tables (a walk of the whole vocabulary per trigger) and the cost of
+        a whole call from each trigger (a walk of the grammar)."""
+        watch = TriggerWatch(constraint)
+        for trigger, fed in watch.anywhere + [(t, True) for t in watch.start]:
+            opening_tokens(vocabulary, trigger.decode())
+            call_start(vocabulary, constraint, matcher, trigger, fed)
 
     @property
     def needs_mask(self) -> bool:
@@ -137,6 +145,7 @@ class LazyCallProcessor(GrammarProcessor):
                 if not self.matcher.consume_token(token):
                     self.fail(self.matcher.get_error() or f"the call grammar refused token {token}")
                     continue
+                self._path = self._path[1:] if self._path and self._path[0] == token else None
                 self._quotes.feed(data)
                 if self.matcher.is_stopped():
                     self._close()
@@ -152,8 +161,11 @@ class LazyCallProcessor(GrammarProcessor):
                         self._label, text[:60])
             self.matcher.reset()
             return
-        self._active, self._quotes = True, JsonQuotes()
+        self._active, self._quotes, self._path = True, JsonQuotes(), None
         self._quotes.feed(text)
+        start = self._start_paths.get(text)
+        if start is not None:  # the walk the budget guard made from this very state
+            self._path, self._need, self._checked_at = list(start), len(start), self._end - self.next_position
         self.calls += 1
         log.info("%s: tool call %d began (%r); held to the tools from here", self._label, self.calls,
                  text[:24].decode(errors="replace"))
@@ -161,7 +173,7 @@ class LazyCallProcessor(GrammarProcessor):
             self._close()
 
     def _close(self) -> None:
-        self._active, self._need = False, None
+        self._active, self._need, self._path = False, None, None
         if self.forced:
             log.info("%s: tool call %d closed inside max_tokens (%d tokens forced)", self._label, self.calls,
                      self.forced)
@@ -178,10 +190,14 @@ class LazyCallProcessor(GrammarProcessor):
         if not self._active:
             return self._guard(left) if left <= ZONE else FREE
         mask = super().allowed(words)
-        if left > ZONE or not self._due(left):
+        if left > ZONE:
             return mask
-        path = shortest_completion(self.matcher, self._quotes, self._vocabulary, limit=ZONE)
-        self._need, self._checked_at = (len(path) if path is not None else ZONE), left
+        path = self._path
+        if path is None:
+            if not self._due(left):
+                return mask
+            path = self._path = shortest_completion(self.matcher, self._quotes, self._vocabulary, limit=ZONE)
+            self._need, self._checked_at = (len(path) if path is not None else ZONE), left
         if path == []:  # the grammar may end here (Llama's `;`-joined calls): another only if it fits
             return self._eos_only if self._start_cost(b"", True) + MARGIN >= left else mask
         if path is not None and len(path) + MARGIN >= left:
@@ -192,9 +208,12 @@ class LazyCallProcessor(GrammarProcessor):
         return mask
 
     def _due(self, left: int) -> bool:
-        """Whether to walk the shortest completion this step: always once the budget comes
-        near the last one found, else every RECHECK steps (a walk costs a mask per token
-        of it; a token the model writes rarely lengthens the way out by more than a few)."""
+        """Whether to walk the shortest completion this step (the answer has left the last
+        one found): always once the budget comes near it, else every RECHECK steps (a
+        walk costs a mask per token of it; a token the model writes rarely lengthens the
+        way out by more than a few). While the answer follows the last one (the walk is
+        greedy, so from the state its first token leads to, the rest is the walk again),
+        and whenever it is forced, no walk is needed at all."""
         if self._need is None or left <= self._need + MARGIN + RECHECK:
             return True
         return self._checked_at - left >= RECHECK
@@ -202,34 +221,55 @@ class LazyCallProcessor(GrammarProcessor):
     def _guard(self, left: int) -> np.ndarray:
         """FREE, or every token but those that would begin a call there is no budget left
         to finish."""
-        blocked = None
-        for trigger, fed in self._watch.live_triggers():
-            if self._start_cost(trigger, fed) + MARGIN < left:
-                continue
-            opening = opening_tokens(self._vocabulary, trigger.decode())
-            blocked = opening.copy() if blocked is None else blocked | opening
-        if blocked is None:
+        too_long = tuple(trigger for trigger, fed in self._watch.live_triggers()
+                         if self._start_cost(trigger, fed) + MARGIN >= left)
+        if not too_long:
             return FREE
         if not self._guarded:
             self._guarded = True
             log.info("%s: %d tokens left, too few for a whole tool call: no call is opened", self._label, left)
-        for byte in self._watch.partial_next():  # a trigger begun: its next byte may not follow
-            blocked |= token_shapes(self._vocabulary).first == byte
-        return ~blocked[: self._vocab_size]
+        partial = self._watch.partial_next()  # a trigger begun: its next byte may not follow
+        key = too_long + tuple(bytes([b]) for b in sorted(partial))
+        allowed = self._blocked.get(key)
+        if allowed is None:  # the same few masks step after step: each is built once
+            blocked = np.zeros(self._vocab_size, dtype=np.bool_)
+            for trigger in too_long:
+                blocked |= opening_tokens(self._vocabulary, trigger.decode())[: self._vocab_size]
+            for byte in partial:
+                blocked |= token_shapes(self._vocabulary).first[: self._vocab_size] == byte
+            allowed = self._blocked[key] = ~blocked
+        return allowed
 
     def _start_cost(self, trigger: bytes, fed: bool) -> int:
-        """The fewest tokens a whole call begun by `trigger` takes: the trigger's own and
-        the shortest completion after it (computed once per trigger, on a copy)."""
         cost = self._start_costs.get(trigger)
         if cost is None:
-            walk = self.matcher.deep_copy()
-            walk.reset()
-            trigger_ids = self._vocabulary.llg.tokenize_bytes(trigger)
-            if fed:
-                walk.consume_tokens(trigger_ids)
-            quotes = JsonQuotes()
-            quotes.feed(trigger if fed else b"")
-            path = shortest_completion(walk, quotes, self._vocabulary, limit=ZONE)
-            cost = len(trigger_ids) + (len(path) if path is not None else ZONE)
+            cost, path = call_start(self._vocabulary, self._constraint, self.matcher, trigger, fed)
             self._start_costs[trigger] = cost
+            if path is not None:
+                self._start_paths[trigger if fed else b""] = path
         return cost
+
+
+def call_start(vocabulary: TokenVocabulary, constraint: Constraint, matcher: object, trigger: bytes,
+               fed: bool) -> tuple[int, list[int] | None]:
+    """The fewest tokens a whole call begun by `trigger` takes (the trigger's own and the
+    shortest completion after it), and that completion (None: none within ZONE); walked
+    on a copy of `matcher`, once per grammar and trigger: agents send the same tools
+    request after request."""
+    costs = vocabulary.derived("lazy_grammar.start_costs", lambda tokens: {})
+    key = (hashlib.blake2b(constraint.source.encode(), digest_size=16).digest(), trigger, fed)
+    cost = costs.get(key)
+    if cost is None:
+        walk = matcher.deep_copy()  # type: ignore[attr-defined]
+        walk.reset()
+        trigger_ids = vocabulary.llg.tokenize_bytes(trigger)
+        if fed:
+            walk.consume_tokens(trigger_ids)
+        quotes = JsonQuotes()
+        quotes.feed(trigger if fed else b"")
+        path = shortest_completion(walk, quotes, vocabulary, limit=ZONE)
+        cost = (len(trigger_ids) + (len(path) if path is not None else ZONE), path)
+        if len(costs) >= _START_COSTS_KEPT:
+            costs.pop(next(iter(costs)))
+        costs[key] = cost
+    return cost[0], (list(cost[1]) if cost[1] is not None else None)

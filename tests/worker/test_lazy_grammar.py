@@ -197,3 +197,84 @@ def test_the_shortest_completion_ends_a_number(tiny, vocabulary: TokenVocabulary
     assert path is not None and len(path) <= 16, path
     (call,) = calls_in(text + tiny.tokenizer.decode(path))
     jsonschema.validate(call["arguments"], FORECAST.tools[0].parameters)
+
+
+@pytest.mark.parametrize("written", ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+                                     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", ',
+                                     '<tool_call>\n{"name": "get_for', '<tool_call>\n{"name": "get_forecast", '
+                                     '"arguments": {"city": "Paris", "unit": "c", "days": 1'])
+def test_the_walk_picks_what_a_sort_of_the_allowed_tokens_picks(vocabulary: TokenVocabulary, written: str) -> None:
+    """The walk finds its token as the first allowed one of a preference order built once;
+    it must be the token a sort of that step's allowed tokens (the definition) picks."""
+    tools = ToolRequest(TOOLS.tools + FORECAST.tools)
+    matcher = GrammarCompiler(vocabulary).compile(lazy_call_constraint("hermes", tools))
+    assert matcher.consume_tokens(vocabulary.llg.tokenize_str(written)), matcher.get_error()
+    quotes = call_budget.JsonQuotes()
+    quotes.feed(written.encode())
+    shapes = call_budget.token_shapes(vocabulary)
+    words = np.zeros((vocabulary.vocab_size + 31) // 32, dtype=np.int32)
+    for _ in range(6):  # this state, and the walk's next few
+        matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little", count=vocabulary.vocab_size)
+        ids = np.flatnonzero(bits)
+        ids = ids[~np.isin(ids, vocabulary.eos_token_ids)]
+        if quotes.in_string and not quotes.escaped and (shapes.first[ids] == call_budget.QUOTE).any():
+            ids = ids[shapes.first[ids] == call_budget.QUOTE]
+        expected = int(ids[np.lexsort((ids, shapes.lengths[ids], shapes.closing[ids]))[-1]])
+        (path_first, *_) = call_budget.shortest_completion(matcher, quotes, vocabulary)
+        assert path_first == expected, (vocabulary.token_bytes(path_first), vocabulary.token_bytes(expected))
+        matcher.consume_token(expected)
+        quotes.feed(vocabulary.token_bytes(expected))
+        if matcher.is_accepting():
+            break
+
+
+def test_a_call_that_follows_its_shortest_completion_is_walked_once(tiny, vocabulary: TokenVocabulary,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Near the budget's end a call's shortest completion is walked (a mask per token of
+    it); while the answer follows it, or is forced along it, it stays known, and the
+    walk the budget guard made from the call's opener serves the call's first step."""
+    constraint = lazy_call_constraint("hermes", TOOLS)
+    compiler = GrammarCompiler(vocabulary)
+    opener = token(tiny, "<tool_call>")
+    reference = compiler.compile(constraint)
+    reference.consume_token(opener)
+    quotes = call_budget.JsonQuotes()
+    quotes.feed(b"<tool_call>")
+    path = call_budget.shortest_completion(reference, quotes, vocabulary)
+    assert path
+
+    walks: list[int] = []
+    real_walk = call_budget.shortest_completion
+
+    def counted(*args: Any, **kwargs: Any) -> list[int] | None:
+        walks.append(1)
+        return real_walk(*args, **kwargs)
+
+    def answer(deviate_at: int | None) -> str:
+        budget = 1 + len(path) + call_budget.MARGIN + 1  # the opener fits, and the call barely does
+        processor = LazyCallProcessor(compiler.compile(constraint), constraint, 0, budget, vocabulary)
+        words = np.zeros((vocabulary.vocab_size + 31) // 32, dtype=np.int32)
+        assert processor.allowed(None)[opener]  # the guard: a whole call still fits
+        monkeypatch.setattr("worker.lazy_grammar.shortest_completion", counted)
+        walks.clear()
+        processor.consume([opener])
+        written = [opener]
+        for step in range(budget):
+            allowed = processor.allowed(words if processor.mask_into(words) else None)
+            want = path[step] if step < len(path) else vocabulary.eos_token_ids[0]
+            if step == deviate_at:  # the control: a token of the model's own, off the walk
+                want = next(t for t in np.flatnonzero(allowed) if t != want and t not in vocabulary.eos_token_ids)
+            assert allowed[want]
+            if want in vocabulary.eos_token_ids:
+                break
+            processor.consume([int(want)])
+            written.append(int(want))
+        monkeypatch.setattr("worker.lazy_grammar.shortest_completion", real_walk)
+        return tiny.tokenizer.decode(written)
+
+    text = answer(deviate_at=None)
+    assert walks == [] and valid(calls_in(text)[0]), text
+    deviating = next(i for i, t in enumerate(path) if vocabulary.token_bytes(t).startswith(b'"') and i > 4)
+    answer(deviate_at=deviating)
+    assert walks  # leaving the walk means walking again
