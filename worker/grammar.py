@@ -84,7 +84,9 @@ class GrammarProcessor:
     When: a step's masks need the tokens sampled by the step before. On a GPU the step's
     forward pass is dispatched first and runs while the masks are computed. On MLX's CPU
     stream that dispatch itself runs most of the pass on both cores (`async_eval`
-    returns when ~80% of the pass is done), so nothing can overlap it.
+    returns when ~80% of the pass is done), so only the pass's tail can overlap: a
+    processor running alone (one step per request) does not dispatch there; the batch's
+    masker does (worker/grammar_batch.py).
 
     Never raises inside a step (that would fail every sequence in the batch): an engine
     error is kept in `error`, the mask then allows only EOS, and the engine fails this
