@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections import OrderedDict
 
+import llguidance
 import numpy as np
 
 from protocol.messages import Constraint
@@ -122,7 +124,7 @@ class LazyCallProcessor(GrammarProcessor):
         self._blocked: dict[tuple[bytes, ...], np.ndarray] = {}  # the guard's masks, by the triggers they block
 
     @staticmethod
-    def warm(vocabulary: TokenVocabulary, constraint: Constraint, matcher: object) -> None:
+    def warm(vocabulary: TokenVocabulary, constraint: Constraint, matcher: llguidance.LLMatcher) -> None:
         """Build what a budget guard may need, on the tokenizer thread rather than mid-step:
         the vocabulary tables (a walk of the whole vocabulary per trigger) and the cost of
         a whole call from each trigger (a walk of the grammar)."""
@@ -250,17 +252,19 @@ class LazyCallProcessor(GrammarProcessor):
         return cost
 
 
-def call_start(vocabulary: TokenVocabulary, constraint: Constraint, matcher: object, trigger: bytes,
+def call_start(vocabulary: TokenVocabulary, constraint: Constraint, matcher: llguidance.LLMatcher, trigger: bytes,
                fed: bool) -> tuple[int, list[int] | None]:
     """The fewest tokens a whole call begun by `trigger` takes (the trigger's own and the
     shortest completion after it), and that completion (None: none within ZONE); walked
     on a copy of `matcher`, once per grammar and trigger: agents send the same tools
     request after request."""
-    costs = vocabulary.derived("lazy_grammar.start_costs", lambda tokens: {})
+    # shared by the tokenizer thread (warm) and the engine loop: OrderedDict.popitem is one
+    # atomic call, where evicting from a dict through an iterator could race an insertion
+    costs = vocabulary.derived("lazy_grammar.start_costs", lambda tokens: OrderedDict())
     key = (hashlib.blake2b(constraint.source.encode(), digest_size=16).digest(), trigger, fed)
     cost = costs.get(key)
     if cost is None:
-        walk = matcher.deep_copy()  # type: ignore[attr-defined]
+        walk = matcher.deep_copy()
         walk.reset()
         trigger_ids = vocabulary.llg.tokenize_bytes(trigger)
         if fed:
@@ -270,6 +274,6 @@ def call_start(vocabulary: TokenVocabulary, constraint: Constraint, matcher: obj
         path = shortest_completion(walk, quotes, vocabulary, limit=ZONE)
         cost = (len(trigger_ids) + (len(path) if path is not None else ZONE), path)
         if len(costs) >= _START_COSTS_KEPT:
-            costs.pop(next(iter(costs)))
+            costs.popitem(last=False)
         costs[key] = cost
     return cost[0], (list(cost[1]) if cost[1] is not None else None)
