@@ -45,6 +45,7 @@ import jsonschema
 
 from common import REPO, CpuMeter, emit, environment, eos_token_ids, llamacpp_server, log, mlxd_server
 from engine import ensure_llama_server, llamacpp_build_info
+from step_split import engine_counters, step_split
 
 HOME = Path(os.environ.get("MLXD_TEST_HOME", REPO / ".cache" / "test-home"))  # the tests' provisioned models
 SET_PATH = Path(__file__).resolve().parent / "tool_calls_set.json"
@@ -55,6 +56,7 @@ ARM_SETS = {
     "grammar": {"constrained": "", "free": "tool_call_grammar = false"},
     "layout": {"stable_first": "", "template": 'prompt_layout = "template"'},
 }
+COUNTER_SETTLE_S = 4.5  # a pong taken after the round (heartbeat 2 s; 2.5 s missed some here)
 THREADS = 2  # llama.cpp's, as mlxd's worker uses the machine's cores
 # call markup the server returned as text (it could not parse it as a call of an offered tool)
 _MARKUP = re.compile(r'<tool_call>|^\s*(```(json)?\s*)?\{\s*"name"\s*:')
@@ -159,7 +161,8 @@ def run_groups(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]]
 
 
 def decode_phase(base_url: str, arms: dict[str, str], groups: list[dict[str, Any]], concurrency: int,
-                 max_tokens: int, eos_ids: list[int], repeats: int = 1) -> dict[str, dict[str, Any]]:
+                 max_tokens: int, eos_ids: list[int], repeats: int = 1,
+                 worker_model: str | None = None) -> dict[str, dict[str, Any]]:
     """Each arm's decode speed on its own, with every answer the same length: every
     group's turns again, arm after arm inside a group, all of a group's turns at once,
     their prompts all cached, EOS pushed out of reach (logit_bias -100) so that each
@@ -173,27 +176,58 @@ def decode_phase(base_url: str, arms: dict[str, str], groups: list[dict[str, Any
     (after the first) over the worker's decode time (`mlxd.timings.decode_s`), summed
     over `repeats` passes; which arm goes first alternates from group to group and pass
     to pass, so neither arm always meets the machine's slower moments (its speed drifts
-    by 10-15% within a minute here)."""
+    by 10-15% within a minute here).
+
+    Because that drift is as large as what is measured, each (group, pass) pair's own
+    ratio is kept too, and with `worker_model` each arm's steps are split from the
+    worker's counters read around every round (bench/step_split.py): the grammar's own
+    share of a step shows apart from the machine's noise."""
     bias = {str(t): -100.0 for t in eos_ids}
     tokens = dict.fromkeys(arms, 0)
     seconds = dict.fromkeys(arms, 0.0)
     shortest: dict[str, int] = {}
+    pairs: dict[tuple[int, int], dict[str, float]] = {}
+    counted: dict[str, dict[str, float]] = {arm: {} for arm in arms}
+    walls = dict.fromkeys(arms, 0.0)
     with httpx.Client(base_url=base_url, timeout=httpx.Timeout(3600.0)) as client, \
             ThreadPoolExecutor(concurrency) as pool:
-        rounds = [(group, arm) for r in range(repeats) for g, group in enumerate(groups)
+        rounds = [(r, g, arm) for r in range(repeats) for g in range(len(groups))
                   for arm in (list(arms) if (g + r) % 2 == 0 else list(arms)[::-1])]
-        for group, arm in rounds:
-            model = arms[arm]
+        before = engine_counters(base_url, worker_model, COUNTER_SETTLE_S) if worker_model else {}
+        for r, g, arm in rounds:
+            model, group = arms[arm], groups[g]
+            round_tokens, round_s = 0, 0.0
+            started = time.perf_counter()
             for answer in pool.map(lambda turn: ask(client, model, group, turn, max_tokens, logit_bias=bias),
                                    group["turns"]):
                 decode_s = (answer.get("mlxd") or {}).get("timings", {}).get("decode_s") or 0.0
                 used = (answer.get("usage") or {}).get("completion_tokens") or 0
                 shortest[arm] = min(shortest.get(arm, used), used)
                 if decode_s and used > 1:
-                    tokens[arm] += used - 1
-                    seconds[arm] += decode_s
-    return {arm: {"tok_s": round(tokens[arm] / seconds[arm], 2) if seconds[arm] else None,
-                  "min_completion_tokens": shortest.get(arm)} for arm in arms}
+                    round_tokens += used - 1
+                    round_s += decode_s
+            walls[arm] += time.perf_counter() - started
+            tokens[arm] += round_tokens
+            seconds[arm] += round_s
+            if round_s:
+                pairs.setdefault((r, g), {})[arm] = round_tokens / round_s
+            if worker_model:
+                after = engine_counters(base_url, worker_model, COUNTER_SETTLE_S)
+                for name, value in after.items():
+                    counted[arm][name] = counted[arm].get(name, 0.0) + value - before.get(name, 0.0)
+                before = after
+    first, second = list(arms)[:2]
+    paired = sorted(p[first] / p[second] for p in pairs.values() if first in p and second in p)
+    figures = {arm: {"tok_s": round(tokens[arm] / seconds[arm], 2) if seconds[arm] else None,
+                     "min_completion_tokens": shortest.get(arm)} for arm in arms}
+    for arm in arms:
+        if worker_model:
+            figures[arm]["step_split"] = step_split({}, counted[arm], walls[arm])
+    figures[first]["paired_ratios_vs_" + second] = {
+        "each": [round(x, 3) for x in paired],
+        "median": round(paired[len(paired) // 2] if len(paired) % 2 else
+                        (paired[len(paired) // 2 - 1] + paired[len(paired) // 2]) / 2, 3) if paired else None}
+    return figures
 
 
 def rates(scored: list[dict[str, Any]]) -> dict[str, Any]:
@@ -255,7 +289,7 @@ def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace,
         per_turn = run_groups(server.base_url, profiles, groups, args.concurrency, args.max_tokens)
         wall_s, other_cores = time.perf_counter() - started, meter.other_cores()
         decode = decode_phase(server.base_url, profiles, groups, args.concurrency, args.decode_tokens,
-                              eos_token_ids(model_dir), args.decode_repeats)
+                              eos_token_ids(model_dir), args.decode_repeats, server.model)
     if llama_build is not None and args.arms == "grammar":
         gguf = HOME / "downloads" / catalog_model.gguf_file
         slots = args.llamacpp_concurrency
@@ -271,6 +305,7 @@ def run_model(name: str, groups: list[dict[str, Any]], args: argparse.Namespace,
     for arm, phase in decode.items():
         figures[arm]["decode_tok_s_cached"] = phase["tok_s"]
         figures[arm]["decode_phase_min_completion_tokens"] = phase["min_completion_tokens"]
+        figures[arm].update({f"decode_phase_{k}": v for k, v in phase.items() if k not in ("tok_s", "min_completion_tokens")})
     for arm, arm_figures in figures.items():
         log("%s %s: %s", name, arm, {k: arm_figures.get(k) for k in ("valid_call_rate", "right_tool_rate", "decode_tok_s",
                                                                        "decode_tok_s_cached")})
@@ -299,6 +334,12 @@ def headline(figures: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "right_tool_rate_delta": round(constrained["right_tool_rate"] - free["right_tool_rate"], 1),
         "decode_ratio_constrained_vs_free": ratio(constrained["decode_tok_s_cached"], free["decode_tok_s_cached"]),
         "decode_ratio_constrained_vs_free_first_pass": ratio(constrained["decode_tok_s"], free["decode_tok_s"]),
+        # the same pass, each (group, pass) pair's own ratio: the median is what drift leaves alone
+        "decode_ratio_paired_median": (constrained.get("decode_phase_paired_ratios_vs_free") or {}).get("median"),
+        # the worker's step time per arm and the grammar's own part of it (ms per step)
+        "decode_step_ms": {arm: {k: (f.get("decode_phase_step_split") or {}).get(k)
+                                 for k in ("step_ms", "grammar_mask_ms", "grammar_wait_ms", "mean_batch")}
+                           for arm, f in (("constrained", constrained), ("free", free))},
         "valid_call_rate_llamacpp": llama.get("valid_call_rate"),
         "right_tool_rate_llamacpp": llama.get("right_tool_rate"),
         "valid_call_rate_ratio_vs_llamacpp": ratio(constrained["valid_call_rate"], llama.get("valid_call_rate")),
