@@ -49,6 +49,7 @@ class GrammarBatch:
         self._words = np.zeros((8, (vocab_size + 31) // 32), dtype=np.int32)
         threads = num_threads or min(os.cpu_count() or 1, 8)  # more than a batch's masks would idle
         self._executor = llguidance.LLExecutor(num_threads=threads)
+        self._overlap = mx.default_device().type == mx.DeviceType.gpu
         # host time since start, for the step's time split (Engine.stats): waiting for the
         # step before to finish so its tokens can be read, and consuming them + masks
         self.wait_s = 0.0
@@ -83,9 +84,11 @@ class GrammarBatch:
         # The step's forward pass is dispatched before the sync, so it queues behind the
         # step before's and the stream does not idle while the host reads the tokens and
         # computes the masks: on a GPU the whole pass overlaps them, on the CPU the tail
-        # the dispatch leaves (bench/grammar_step.py, 0.5B x 8 rows: masks 0.988 of a free
-        # step without the dispatch, 0.997 with it)
-        mx.async_eval(logits)
+        # the dispatch leaves. On the CPU only for a batch: a lone row's short pass then
+        # competes with its masks for the cores (bench/structured.py, SmolLM2: with the
+        # dispatch n8 1.009 and n1 0.869 of free, without it 0.924 and 0.937)
+        if self._overlap or len(uids) > 1:
+            mx.async_eval(logits)
         waited = time.perf_counter()
         tokens = inputs.reshape(-1).tolist()  # the one host sync of the step
         started = time.perf_counter()
