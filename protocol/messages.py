@@ -207,6 +207,8 @@ class AddRequest(Message):
     cache_breakpoints: list[CacheBreakpoint] = field(default_factory=list)
     # the profile's prompt layout (protocol.settings.PROMPT_LAYOUTS); None: the worker's setting
     prompt_layout: str | None = None
+    # the model's or profile's speculation (protocol.settings.SPECULATIONS); None: the worker's setting
+    speculation: str | None = None
 
 
 @dataclass
@@ -331,6 +333,8 @@ class Timings:
     prompt_tokens_per_s: float = 0.0
     cold_fetch_s: float = 0.0  # lookup + read + decode of the blocks restored from SSD
     grammar_s: float = 0.0  # host time in the grammar engine (constrained requests)
+    draft_tokens: int = 0  # tokens speculation proposed for this request
+    draft_accepted: int = 0  # of them, the ones the model itself produced (kept)
 
 
 @dataclass

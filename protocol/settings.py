@@ -20,6 +20,8 @@ COMPRESSIONS = ("lz4", "none")
 STABLE_FIRST = "stable_first"
 TEMPLATE_LAYOUT = "template"
 PROMPT_LAYOUTS = (STABLE_FIRST, TEMPLATE_LAYOUT)
+PROMPT_LOOKUP = "prompt_lookup"
+SPECULATIONS = ("off", PROMPT_LOOKUP)
 
 
 def layout_in_effect(requested: str, tools_first: bool) -> str:
@@ -93,6 +95,11 @@ class WorkerSettings:
         "stable_first: tool definitions before the system text where the chat template puts both in the system "
         "turn, so a session in another project (another system text, the same tools) reuses the tools from the "
         "prefix cache; template: exactly as the chat template renders", choices=PROMPT_LAYOUTS)
+    speculation: str = setting(
+        PROMPT_LOOKUP,
+        "prompt_lookup: greedy answers draft tokens from earlier text of the conversation (an edit repeats the file "
+        "it was given) and verify several in one step, the tokens unchanged; off: one token a step",
+        choices=SPECULATIONS)
     mlx_cache_mb: int = setting(
         256, "freed MLX buffers a worker keeps for reuse (MB); beyond this they go back to the system, and all go "
         "back whenever the worker falls idle, so a worker's RSS follows what it holds live")

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from protocol.settings import SPECULATIONS
 from router.config_values import ConfigError, quote_key
 from router.model_aliases import DEFAULT_TARGET
 from router.model_settings import ModelSettings
@@ -102,6 +103,9 @@ def check_models(pin: Iterable[str], models: Mapping[str, ModelSettings], max_di
                               f"({max_disk_bytes}), got {settings.max_disk_bytes}")
         if settings.max_output_tokens is not None and settings.max_output_tokens < 1:
             raise ConfigError(f"{where}.max_output_tokens", f"must be >= 1, got {settings.max_output_tokens}")
+        if settings.speculation is not None and settings.speculation not in SPECULATIONS:
+            raise ConfigError(f"{where}.speculation", f"must be one of {', '.join(SPECULATIONS)}, "
+                              f"got {settings.speculation!r}")
         for alias in settings.aliases:
             check_model_name(f"{where}.aliases", alias)
             if owner.setdefault(alias, name) != name:

@@ -32,8 +32,20 @@ class ModelSettings:
         "known name, arguments valid against its schema, the call closed; free text stays free); false: calls "
         "are free")
 
+    speculation: str | None = setting(
+        None, "off or prompt_lookup: this model's speculative decoding (see the worker setting of that name; "
+        "default: the service's)")
+
     def __post_init__(self) -> None:
         normalize_fields(self)
+
+
+def speculation(settings: ModelSettings, profile: Profile | None) -> str | None:
+    """The request's speculation: the profile's when it sets one, else the model's; None
+    leaves it to the worker's setting."""
+    if profile is not None and profile.speculation is not None:
+        return profile.speculation
+    return settings.speculation
 
 
 def tool_text_recovery(settings: ModelSettings, profile: Profile | None) -> bool:

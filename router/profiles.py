@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from protocol.errors import RequestError
-from protocol.settings import PROMPT_LAYOUTS
+from protocol.settings import PROMPT_LAYOUTS, SPECULATIONS
 from router.config_values import ConfigError, normalize_fields, quote_key, setting
 from router.validation import parse_sampling
 
@@ -80,6 +80,9 @@ class Profile:
     tool_call_grammar: bool | None = setting(
         None, "with tool_choice auto, hold a call to the tools once the model opens it (see the model setting of "
         "that name; default: the model's)")
+    speculation: str | None = setting(
+        None, "off or prompt_lookup: this profile's speculative decoding (see the worker setting of that name; "
+        "default: the model's, else the service's)")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
@@ -102,6 +105,9 @@ def check_profile(name: str, profile: Profile) -> None:
     if not model or not label or ":" in label:
         raise ConfigError(where, 'must be named "MODEL:PROFILE" (exactly one colon, both parts non-empty)')
     check_model_name(where, model)
+    if profile.speculation is not None and profile.speculation not in SPECULATIONS:
+        raise ConfigError(f"{where}.speculation", f"must be one of {', '.join(SPECULATIONS)}, "
+                          f"got {profile.speculation!r}")
     if profile.prompt_layout is not None and profile.prompt_layout not in PROMPT_LAYOUTS:
         raise ConfigError(f"{where}.prompt_layout", f"must be one of {', '.join(PROMPT_LAYOUTS)}, "
                           f"got {profile.prompt_layout!r}")

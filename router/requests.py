@@ -29,7 +29,7 @@ from protocol.errors import ProtocolError, RequestError
 from protocol.messages import ErrorEvent, FinishEvent, Message, Ready
 from router.call_memory import CallMemory, GeneratedAnswer, mark_history
 from router.json_body import parse_json_body
-from router.model_settings import tool_call_grammar, tool_text_recovery
+from router.model_settings import speculation, tool_call_grammar, tool_text_recovery
 from router.pending_streams import PendingStream
 from router.children.pool import WorkerPool
 from router.profiles import Profile
@@ -76,6 +76,7 @@ async def stream(request: Request, dialect: Dialect) -> Response:
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.middleware.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
     settings = pool.config.settings_for(model_id)
+    parsed.add.speculation = speculation(settings, profile)
     parsed = _with_tool_switches(parsed, text_recovery=tool_text_recovery(settings, profile),
                                  call_grammar=tool_call_grammar(settings, profile))
     pool.names.check_kind(model_id)

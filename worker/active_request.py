@@ -14,6 +14,7 @@ from worker.detokenizer import IncrementalDetokenizer
 from worker.grammar import GrammarProcessor
 from worker.logprobs import LogprobsReporter
 from worker.prefix_cache import PrefixPlan
+from worker.prompt_lookup import DraftLength
 from worker.stop_strings import StopStringFilter
 
 
@@ -45,6 +46,7 @@ class ActiveRequest:
     grammar: GrammarProcessor | None = None  # its output constraint, if any
     logprobs: LogprobsReporter | None = None  # set when the client asked for logprobs
     creation: CacheCreation = field(default_factory=CacheCreation)  # what its cache breakpoints write
+    drafting: DraftLength | None = None  # its speculation's proposal length and record, if it speculates
 
     def mark_prefill_started(self, at: float) -> None:
         """Record the first prefill step that ran this prompt (later ones change nothing)."""
@@ -97,6 +99,8 @@ class ActiveRequest:
             ),
             cold_fetch_s=self.plan.cold_fetch_s,
             grammar_s=self.grammar.seconds if self.grammar is not None else 0.0,
+            draft_tokens=self.drafting.proposed if self.drafting is not None else 0,
+            draft_accepted=self.drafting.accepted if self.drafting is not None else 0,
         )
 
     def prompt_event(self) -> PromptEvent:

@@ -15,7 +15,7 @@ from mlx_lm.sample_utils import LogitsProcessor, Sampler
 from protocol.cache_misses import CacheMisses, Divergence
 from protocol.errors import RequestError
 from protocol.messages import AddRequest
-from protocol.settings import WorkerSettings
+from protocol.settings import PROMPT_LOOKUP, WorkerSettings
 from protocol.prompt_bounds import check_prompt_fits
 from worker.cache_breakpoints import BreakpointPosition, CacheCreation, breakpoint_positions, cache_creation
 from worker.grammar import GrammarCompiler, GrammarProcessor
@@ -28,7 +28,7 @@ from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
 from worker.request_limits import check_logit_bias, check_prompt_cap, context_window, max_new_tokens
-from worker.sampling import make_request_processors, make_request_sampler
+from worker.sampling import greedy, make_request_processors, make_request_sampler
 from worker.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class Admission:
     logprobs: LogprobsReporter | None = None
     breakpoints: list[BreakpointPosition] = field(default_factory=list)  # the client's, as token positions
     creation: CacheCreation = field(default_factory=CacheCreation)  # what it writes to the cache (once planned)
+    speculate: bool = False  # greedy, unconstrained, and its speculation is on
 
 
 class Admitter:
@@ -197,7 +198,10 @@ class Admitter:
         sampling = request.sampling
         logprobs = LogprobsReporter(sampling.top_logprobs, self._vocabulary) if sampling.logprobs else None
         breakpoints = prepared.breakpoints if prepared is not None else self.breakpoints(request, prompt_ids)
-        return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints)
+        speculation = request.speculation or self._config.speculation
+        speculate = speculation == PROMPT_LOOKUP and sampler is greedy and not processors
+        return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints,
+                         speculate=speculate)
 
     def plan(self, request: AddRequest, prompt_ids: list[int], prepared: PreparedPrompt | None) -> PrefixPlan:
         """Look the prompt up in the prefix cache: how much of it is cached, and where."""

@@ -1,6 +1,7 @@
 """mlx-lm's BatchGenerator as the engine uses it, and every reach into its internals.
 
-COUPLED TO MLX-LM'S PRIVATE FIELDS: `BatchGenerator._generation_batch` and that batch's
+COUPLED TO MLX-LM'S PRIVATE FIELDS: `BatchGenerator._generation_batch` (which
+`install_speculation` replaces with worker/speculative_batch.py's subclass) and that batch's
 `uids`, `prompt_cache`, `logits_processors` (which `take_processors` edits),
 `_current_tokens`, `_next_tokens` and `_next_logprobs` (checked against mlx-lm 0.32.2).
 Nothing else in worker/ may touch a private attribute of BatchGenerator or its batches.
@@ -19,21 +20,29 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
 
+from worker.prompt_lookup import DraftLength
+from worker.speculative_batch import SpeculativeBatch
+
 CHECKED_MLX_LM_VERSION = "0.32.2"
 
 
 def make_batch_generator(model: nn.Module, eos_token_ids: list[int], max_num_seqs: int,
-                         prefill_chunk_tokens: int) -> BatchGenerator:
+                         prefill_chunk_tokens: int,
+                         may_widen: Callable[[list[int]], bool] | None = None) -> BatchGenerator:
     """A generator that decodes up to `max_num_seqs` sequences at once, prefills waiting
     prompts together in chunks of `prefill_chunk_tokens`, and stops a sequence at any
-    single EOS token."""
-    return BatchGenerator(
+    single EOS token; with `may_widen`, its decode steps can verify drafts
+    (`install_speculation`)."""
+    generator = BatchGenerator(
         model,
         stop_tokens=[[t] for t in eos_token_ids],
         completion_batch_size=max_num_seqs,
         prefill_batch_size=max_num_seqs,
         prefill_step_size=prefill_chunk_tokens,
     )
+    if may_widen is not None:
+        install_speculation(generator, eos_token_ids, may_widen)
+    return generator
 
 
 def sampled_token(generator: BatchGenerator, uid: int) -> int | None:
@@ -124,3 +133,26 @@ def decode_step_uids(generator: BatchGenerator, cache: Any) -> list[int] | None:
         return list(batch.uids)
     except AttributeError:
         return None
+
+
+def install_speculation(generator: BatchGenerator, eos_token_ids: list[int],
+                        may_widen: Callable[[list[int]], bool]) -> SpeculativeBatch | None:
+    """Put a `SpeculativeBatch` in place of the generator's empty generation batch, or
+    None (nothing replaced) when mlx-lm's internals have changed."""
+    try:
+        batch = SpeculativeBatch.replacing(generator._generation_batch, eos_token_ids=eos_token_ids,
+                                           may_widen=may_widen)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    generator._generation_batch = batch
+    return batch
+
+
+def want_drafts(generator: BatchGenerator, uid: int, length: DraftLength) -> bool:
+    """Let `uid` speculate, `length` long; False when the generator has no speculative
+    batch (not installed, or mlx-lm's internals have changed)."""
+    batch = getattr(generator, "_generation_batch", None)
+    if not isinstance(batch, SpeculativeBatch):
+        return False
+    batch.want(uid, length)
+    return True

@@ -21,7 +21,7 @@ from protocol.settings import WorkerSettings
 from protocol.messages import AddRequest, ErrorEvent, FinishEvent, Message, ProgressEvent, TokenEvent
 from worker.active_request import ActiveRequest
 from worker.admission import Admission, Admitter
-from worker.batch_adapter import make_batch_generator
+from worker.batch_adapter import make_batch_generator, want_drafts
 from worker.detokenizer import IncrementalDetokenizer
 from worker.early_first_token import EarlyFirstToken
 from worker.grammar_batch import GrammarBatch, MaskedModel
@@ -29,6 +29,7 @@ from worker.model_loader import LoadedModel
 from worker.prefill import prefill_rest, prefill_segments
 from worker.prefill_pacing import PrefillPacer
 from worker.prefix_cache import PrefixCache, PrefixPlan
+from worker.prompt_lookup import DraftLength
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompt_questions import PromptQuestions
 from worker.prompts import longest_token_chars
@@ -81,7 +82,7 @@ class Engine:
     def _make_generator(self) -> BatchGenerator:
         model = MaskedModel(self._loaded.model, self._grammar_batch)  # grammar masks applied in its forward
         return make_batch_generator(model, self.eos_token_ids, self._config.max_num_seqs,
-                                    self._config.prefill_chunk_tokens)
+                                    self._config.prefill_chunk_tokens, may_widen=self._grammar_batch.holds_none)
 
     # ------------------------------------------------------------ admission
 
@@ -95,19 +96,16 @@ class Engine:
     def gathering_batch(self) -> bool:
         """True while requests wait to be prefilled, none has started, and slots are free.
 
-        Then nothing is streaming, so holding the first step back a few milliseconds
-        stalls nobody, and requests of one burst that are still on their way can join
-        its prefill: prefilling them one step apart would make all but the first wait a
-        whole prefill for their first token.
-        """
+        Then nothing streams, so holding the first step back a few milliseconds stalls
+        nobody, and requests of one burst still on their way join its prefill (one step
+        apart, all but the first would wait a whole prefill for their first token)."""
         return (
             0 < self.num_active < self._config.max_num_seqs
             and all(active.prefill_started_at is None for active in self._by_request.values())
         )
 
     def release_idle_memory(self) -> None:
-        """The worker fell idle: MLX's freed buffers go back to the system, so RSS follows
-        what the worker holds (weights, hot tier) rather than its busiest batch."""
+        """Idle: MLX's freed buffers go back to the system (RSS follows what is held)."""
         mx.clear_cache()
 
     def stats(self) -> dict[str, int | float]:
@@ -167,7 +165,7 @@ class Engine:
             cached_tokens=plan.cached_tokens,
             created_at=arrived,
             grammar=admission.grammar, logprobs=admission.logprobs, creation=admission.creation,
-        )
+            drafting=DraftLength() if admission.speculate else None)
         if self._hit_fast_path_open(active):
             self._start_hit(active, admission)
             return
@@ -231,6 +229,8 @@ class Engine:
             logits_processors=[admission.processors],
         )[0]
         plan.caches = None  # the generator owns the working copy now
+        if active.drafting is not None:
+            want_drafts(self._generator, active.uid, active.drafting)
         self._by_uid[active.uid] = active
         self._by_request[active.request_id] = active
         self._emit(active.prompt_event())
@@ -291,7 +291,7 @@ class Engine:
                 self.prefix_cache.capture_final(plan, caches, tokens)
             except Exception:  # the answer is out; only the cache misses this prefix
                 log.exception("capturing a finished request's cache failed")
-        self.clock.record(len(generation_responses), began, now, time.perf_counter())
+        self.clock.record(len({r.uid for r in generation_responses}), began, now, time.perf_counter())
 
     def _guarded(self, active: ActiveRequest, handle: Callable[..., None], *args: Any) -> None:
         """Run one sequence's share of a step; if it fails, that request fails (a 500)
@@ -379,8 +379,7 @@ class Engine:
             timings.prompt_tokens_per_s, timings.decode_tokens_per_s,
         )
 
-    def _discard(self, request_id: str) -> None:
-        """Undo whatever part of an admission happened before it failed."""
+    def _discard(self, request_id: str) -> None:  # undo what part of an admission happened before it failed
         active = self._by_request.get(request_id)
         if active is None:
             return

@@ -64,6 +64,11 @@ class GrammarBatch:
         steady = take_processors(generator, self._is_steady)
         self._rows.update(steady)
 
+    def holds_none(self, uids: list[int]) -> bool:
+        """True when no row of `uids` is masked here: a step of them may feed several
+        positions a row (speculation), which these one-position masks could not follow."""
+        return not any(uid in self._rows for uid in uids)
+
     def _is_steady(self, processor: Any) -> bool:
         return isinstance(processor, GrammarProcessor) and processor.last_step == self.step - 1
 

@@ -1,0 +1,234 @@
+"""The running batch's decode steps with speculation: a step may feed a row its new
+token and a few drafted ones, verify them all in one forward pass, and keep the drafts
+the model itself would have produced.
+
+Why in the batch: decode on a CPU reads every weight once per step whatever the rows, so
+W positions of a row cost little more than one; verifying drafts turns that spare room
+into tokens. Rows without drafts (no match, sampled, logits processors) share the same
+step and take only its first position, so speculation never splits the batch.
+
+Exactness (greedy rows): the verify pass gives each position the bits a plain step would
+(mlxd's kernels compute each row from its own inputs, worker/cpu_kernels.py), a draft is
+kept only while it equals the argmax at the position before it, and the row's KV gives
+back the rejected positions (worker/ragged_kv_cache.py). So the tokens, their logprobs
+and the cache are what plain decoding produces, only sooner.
+
+When nothing can be drafted the step is mlx-lm's own (pipelined: the next step is
+dispatched before this one's tokens are read). A row's draft is looked for first from
+the tokens already read; only when some row has one is the pending token read and the
+wide step built, so free text that never matches keeps the plain step's overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+from mlx_lm.models.cache import BatchKVCache
+
+from worker.prompt_lookup import DraftLength, PromptLookup
+from worker.ragged_kv_cache import RaggedKVCache
+from worker.sampling import greedy
+
+
+@dataclass
+class RowDrafts:
+    """One sequence's draft source and its record (`length` is the request's own, so its
+    proposed and accepted counts outlive the row)."""
+
+    lookup: PromptLookup
+    length: DraftLength = field(default_factory=DraftLength)
+
+
+class SpeculativeBatch(GenerationBatch):
+    """mlx-lm's generation batch whose step verifies drafts (see the module docstring).
+
+    `may_widen(uids)` says whether a step of these rows may feed more than one position
+    (False while a grammar masks one of them: its masks are one position per row)."""
+
+    def __init__(self, *args: Any, eos_token_ids: list[int] = (), max_draft: int = 16,
+                 may_widen: Callable[[list[int]], bool] = lambda uids: True, **kwargs: Any) -> None:
+        self._drafts: dict[int, RowDrafts] = {}
+        self._wanted: dict[int, DraftLength] = {}
+        self._eos = frozenset(int(t) for t in eos_token_ids)
+        self._max_draft = max_draft
+        self._may_widen = may_widen
+        self._reported: list[list[int]] = []
+        self._reported_logprobs: list[list[mx.array]] = []
+        super().__init__(*args, **kwargs)
+
+    @classmethod
+    def replacing(cls, batch: GenerationBatch, **options: Any) -> SpeculativeBatch:
+        """An empty speculative batch in place of mlx-lm's empty `batch`."""
+        if len(batch):
+            raise ValueError("only an empty generation batch can be replaced")
+        return cls(batch.model, [], mx.array([], dtype=mx.uint32), [], [], [], batch.fallback_sampler, [], [], [],
+                   **options)
+
+    # ------------------------------------------------------------ who speculates
+
+    def want(self, uid: int, length: DraftLength) -> None:
+        """`uid` (inserted, maybe not decoding yet) drafts when it can, `length` long."""
+        self._wanted[uid] = length
+
+    def extend(self, batch: GenerationBatch) -> None:
+        super().extend(batch)
+        self.prompt_cache = [RaggedKVCache.from_batch(c) if isinstance(c, BatchKVCache) else c
+                             for c in self.prompt_cache]
+        for uid, tokens in zip(batch.uids, batch.tokens):
+            if uid in self._wanted:
+                self._drafts[uid] = RowDrafts(PromptLookup(tokens), self._wanted[uid])
+
+    def filter(self, keep: list[int]) -> None:
+        gone = set(self.uids) - {self.uids[i] for i in keep}
+        super().filter(keep)
+        for uid in gone:
+            self._drafts.pop(uid, None)
+            self._wanted.pop(uid, None)
+
+    # ------------------------------------------------------------ the step
+
+    def _draftable(self, row: int) -> RowDrafts | None:
+        drafts = self._drafts.get(self.uids[row])
+        if drafts is None or (self.logits_processors and self.logits_processors[row]):
+            return None
+        sampler = self.samplers[row] if self.samplers else None
+        if (sampler or self.fallback_sampler) is not greedy:
+            return None
+        return drafts
+
+    def _room(self, row: int) -> int:
+        """Drafts row `row` may still take: the step reports them all plus its token."""
+        return max(0, min(self._max_draft, self.max_tokens[row] - self._num_tokens[row] - 1))
+
+    def _plan(self) -> list[tuple[RowDrafts, int]] | None:
+        """Rows that have a draft in sight (row, limit), or None for a plain step."""
+        if not all(isinstance(c, RaggedKVCache) for c in self.prompt_cache) or not self._may_widen(self.uids):
+            return None
+        planned = {}
+        for row in range(len(self.uids)):
+            drafts = self._draftable(row)
+            limit = min(drafts.length.length, self._room(row)) if drafts else 0
+            if limit <= 0:
+                continue
+            drafts.lookup.extend(self.tokens[row][len(drafts.lookup):])
+            if len(drafts.lookup.propose(limit + 1)) >= 2:  # the pending token, then a draft
+                planned[row] = (drafts, limit)
+        return planned or None
+
+    def _step(self) -> tuple[list[int], list[mx.array]]:
+        planned = self._plan()
+        if planned is None:
+            tokens, logprobs = super()._step()
+            self._reported = [[t] for t in tokens]
+            self._reported_logprobs = [[lp] for lp in logprobs]
+            return tokens, logprobs
+        return self._wide_step(planned)
+
+    def _wide_step(self, planned: dict[int, tuple[RowDrafts, int]]) -> tuple[list[int], list[mx.array]]:
+        """Feed each row its pending token and its drafts, keep what the model agrees with."""
+        current = self._next_tokens
+        mx.eval(current, self._next_logprobs)
+        pending = current.tolist()
+        proposals: list[list[int]] = []
+        for row, token in enumerate(pending):
+            proposal: list[int] = []
+            if row in planned and token not in self._eos:  # nothing is drafted past an answer's end
+                drafts, limit = planned[row]
+                drafts.lookup.extend([token])
+                proposal = _cut_at(drafts.lookup.propose(limit), self._eos)
+            proposals.append(proposal)
+        width = 1 + max(len(p) for p in proposals)
+        rows = [[t] + p + [t] * (width - 1 - len(p)) for t, p in zip(pending, proposals)]
+        logits = self._processed(current, self.model(mx.array(rows, dtype=mx.uint32), cache=self.prompt_cache))
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        best = mx.argmax(logprobs, axis=-1)
+        mx.eval(best, logprobs)
+        best_rows = best.tolist()
+        sampled, next_logprobs, rejected = [], [], []
+        self._reported, self._reported_logprobs = [], []
+        for row, (token, proposal) in enumerate(zip(pending, proposals)):
+            accepted = 0
+            while accepted < len(proposal) and proposal[accepted] == best_rows[row][accepted]:
+                accepted += 1
+            if proposal:
+                drafts = planned[row][0]
+                drafts.length.record(len(proposal), accepted)
+            fed = [token] + proposal[:accepted]
+            self._reported.append(fed)
+            self._reported_logprobs.append([self._next_logprobs[row]] + [logprobs[row, i] for i in range(accepted)])
+            self.tokens[row].extend(fed)
+            rejected.append(width - len(fed))
+            sampler = (self.samplers[row] if self.samplers else None) or self.fallback_sampler
+            if sampler is greedy:
+                sampled.append(best[row, accepted:accepted + 1])
+            else:  # a sampled row drafts nothing: its token comes from the first position, as in a plain step
+                sampled.append(sampler(logprobs[row, :1]))
+            next_logprobs.append(logprobs[row, accepted])
+        for cache in self.prompt_cache:
+            cache.rollback(rejected)
+        self._current_tokens = current
+        self._current_logprobs = self._next_logprobs
+        self._next_tokens = mx.concatenate(sampled).astype(current.dtype)
+        self._next_logprobs = next_logprobs
+        mx.async_eval(self._next_tokens, self._next_logprobs)
+        return pending, self._current_logprobs
+
+    def _processed(self, current: mx.array, logits: mx.array) -> mx.array:
+        """`logits` (B, W, V) with each row's logits processors (logit_bias, penalties)
+        applied to its first position, as a plain step applies them; such a row drafts
+        nothing, so its other positions are never read."""
+        if not any(self.logits_processors):
+            return logits
+        rows = []
+        for e, processors in enumerate(self.logits_processors):
+            if not processors:
+                rows.append(logits[e])
+                continue
+            first = logits[e, :1]
+            context = self._token_context[e].update_and_fetch(current[e:e + 1])
+            for processor in processors:
+                first = processor(context, first)
+            rows.append(mx.concatenate([first, logits[e, 1:]]))
+        return mx.stack(rows)
+
+    def next(self) -> list[GenerationBatch.Response]:
+        """Every token each row got this step, in order; a row's last response carries its
+        finish (mlx-lm's `next`, for several tokens a row)."""
+        if not self.uids:
+            return []
+        self._step()
+        keep, responses = [], []
+        for i in range(len(self.uids)):
+            finish_reason = None
+            tokens, logprobs = self._reported[i], self._reported_logprobs[i]
+            for n, (token, logprob) in enumerate(zip(tokens, logprobs)):
+                self._num_tokens[i] += 1
+                if self._num_tokens[i] >= self.max_tokens[i]:
+                    finish_reason = "length"
+                if self._matchers[i].advance(token):
+                    finish_reason = "stop"
+                last = finish_reason is not None or n == len(tokens) - 1
+                responses.append(self.Response(
+                    uid=self.uids[i], token=token, logprobs=logprob, finish_reason=finish_reason,
+                    prompt_cache=self.extract_cache(i) if finish_reason is not None else None,
+                    all_tokens=self.tokens[i] if finish_reason is not None else None))
+                if last and finish_reason is not None:
+                    break
+            if finish_reason is None:
+                keep.append(i)
+        if len(keep) < len(self.uids):
+            self.filter(keep)
+        return responses
+
+
+def _cut_at(proposal: list[int], stops: frozenset[int]) -> list[int]:
+    """The proposal up to and including its first stop token: nothing is drafted past
+    the end of an answer."""
+    for i, token in enumerate(proposal):
+        if token in stops:
+            return proposal[:i + 1]
+    return proposal
