@@ -212,6 +212,9 @@ class Metrics:
                                    "after the hot tier evicted them (not misses)", ["model", "reason"], registry=r)
         self.generated_tokens = Counter("mlxd_generated_tokens", "tokens generated (completion tokens)", ["model"],
                                         registry=r)
+        self.draft_tokens = Counter("mlxd_draft_tokens", "draft tokens speculation proposed", ["model"], registry=r)
+        self.draft_accepted = Counter("mlxd_draft_accepted_tokens", "draft tokens kept (the model's own next tokens)",
+                                      ["model"], registry=r)
         self.ttft = Histogram("mlxd_time_to_first_token_seconds",
                               "time from the worker receiving a request to its first token", ["model"],
                               buckets=LATENCY_BUCKETS, registry=r)
@@ -263,6 +266,9 @@ class Metrics:
                 if reason in REASONS and count > 0:
                     self.miss_tokens.labels(model, reason).inc(count)
         self.generated_tokens.labels(model).inc(usage.completion_tokens)
+        if timings.draft_tokens:
+            self.draft_tokens.labels(model).inc(timings.draft_tokens)
+            self.draft_accepted.labels(model).inc(timings.draft_accepted)
         self.generations.labels(model, event.finish_reason or "unknown").inc()
         self.totals.requests += 1
         self.totals.generated_tokens += usage.completion_tokens

@@ -21,6 +21,7 @@ wide step built, so free text that never matches keeps the plain step's overlap.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
+from worker.draft_planner import Acceptance, StepCost, best_width
 from worker.prompt_lookup import DraftLength, PromptLookup
 from worker.ragged_kv_cache import RaggedKVCache
 from worker.sampling import greedy
@@ -41,6 +43,7 @@ class RowDrafts:
 
     lookup: PromptLookup
     length: DraftLength = field(default_factory=DraftLength)
+    acceptance: Acceptance = field(default_factory=Acceptance)
 
 
 class SpeculativeBatch(GenerationBatch):
@@ -56,6 +59,7 @@ class SpeculativeBatch(GenerationBatch):
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._max_draft = max_draft
         self._may_widen = may_widen
+        self.cost = StepCost()
         self._reported: list[list[int]] = []
         self._reported_logprobs: list[list[mx.array]] = []
         super().__init__(*args, **kwargs)
@@ -104,20 +108,26 @@ class SpeculativeBatch(GenerationBatch):
         """Drafts row `row` may still take: the step reports them all plus its token."""
         return max(0, min(self._max_draft, self.max_tokens[row] - self._num_tokens[row] - 1))
 
-    def _plan(self) -> list[tuple[RowDrafts, int]] | None:
-        """Rows that have a draft in sight (row, limit), or None for a plain step."""
+    def _plan(self) -> dict[int, tuple[RowDrafts, int]] | None:
+        """The rows to draft for (row -> (its drafts, most tokens)), or None for a plain
+        step: judged before the pending token is read, from each row's draft as the
+        tokens already read predict it (`worker/draft_planner.py` weighs it)."""
         if not all(isinstance(c, RaggedKVCache) for c in self.prompt_cache) or not self._may_widen(self.uids):
             return None
-        planned = {}
+        planned, rows = {}, []
         for row in range(len(self.uids)):
             drafts = self._draftable(row)
             limit = min(drafts.length.length, self._room(row)) if drafts else 0
-            if limit <= 0:
-                continue
-            drafts.lookup.extend(self.tokens[row][len(drafts.lookup):])
-            if len(drafts.lookup.propose(limit + 1)) >= 2:  # the pending token, then a draft
+            seen = 0
+            if limit > 0:
+                drafts.lookup.extend(self.tokens[row][len(drafts.lookup):])
+                seen = len(drafts.lookup.propose(limit + 1)) - 1  # the pending token, then drafts
+            if seen > 0:
                 planned[row] = (drafts, limit)
-        return planned or None
+            rows.append((seen, drafts.acceptance.p) if seen > 0 else (0, 0.0))
+        if not planned or best_width(rows, self.cost) == 1:
+            return None
+        return planned
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
         planned = self._plan()
@@ -128,11 +138,9 @@ class SpeculativeBatch(GenerationBatch):
             return tokens, logprobs
         return self._wide_step(planned)
 
-    def _wide_step(self, planned: dict[int, tuple[RowDrafts, int]]) -> tuple[list[int], list[mx.array]]:
-        """Feed each row its pending token and its drafts, keep what the model agrees with."""
-        current = self._next_tokens
-        mx.eval(current, self._next_logprobs)
-        pending = current.tolist()
+    def _proposals(self, pending: list[int], planned: dict[int, tuple[RowDrafts, int]]) -> list[list[int]]:
+        """Each row's drafts now that its pending token is known, cut to the width that
+        pays best."""
         proposals: list[list[int]] = []
         for row, token in enumerate(pending):
             proposal: list[int] = []
@@ -141,6 +149,17 @@ class SpeculativeBatch(GenerationBatch):
                 drafts.lookup.extend([token])
                 proposal = _cut_at(drafts.lookup.propose(limit), self._eos)
             proposals.append(proposal)
+        rows = [(len(p), planned[row][0].acceptance.p) if p else (0, 0.0) for row, p in enumerate(proposals)]
+        width = best_width(rows, self.cost)
+        return [p[:width - 1] for p in proposals]
+
+    def _wide_step(self, planned: dict[int, tuple[RowDrafts, int]]) -> tuple[list[int], list[mx.array]]:
+        """Feed each row its pending token and its drafts, keep what the model agrees with."""
+        current = self._next_tokens
+        mx.eval(current, self._next_logprobs)
+        started = time.perf_counter()
+        pending = current.tolist()
+        proposals = self._proposals(pending, planned)
         width = 1 + max(len(p) for p in proposals)
         rows = [[t] + p + [t] * (width - 1 - len(p)) for t, p in zip(pending, proposals)]
         logits = self._processed(current, self.model(mx.array(rows, dtype=mx.uint32), cache=self.prompt_cache))
@@ -148,15 +167,15 @@ class SpeculativeBatch(GenerationBatch):
         best = mx.argmax(logprobs, axis=-1)
         mx.eval(best, logprobs)
         best_rows = best.tolist()
+        self.cost.record(len(rows) * width, time.perf_counter() - started)
         sampled, next_logprobs, rejected = [], [], []
         self._reported, self._reported_logprobs = [], []
         for row, (token, proposal) in enumerate(zip(pending, proposals)):
-            accepted = 0
-            while accepted < len(proposal) and proposal[accepted] == best_rows[row][accepted]:
-                accepted += 1
+            accepted = kept_drafts(proposal, best_rows[row])
             if proposal:
                 drafts = planned[row][0]
                 drafts.length.record(len(proposal), accepted)
+                drafts.acceptance.record(len(proposal), accepted)
             fed = [token] + proposal[:accepted]
             self._reported.append(fed)
             self._reported_logprobs.append([self._next_logprobs[row]] + [logprobs[row, i] for i in range(accepted)])
@@ -223,6 +242,15 @@ class SpeculativeBatch(GenerationBatch):
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
+
+
+def kept_drafts(proposal: list[int], best: list[int]) -> int:
+    """How many of a row's drafts are kept: each while it is the token the model puts
+    first at the position before it (`best[i]` follows the row's input at position i)."""
+    kept = 0
+    while kept < len(proposal) and proposal[kept] == best[kept]:
+        kept += 1
+    return kept
 
 
 def _cut_at(proposal: list[int], stops: frozenset[int]) -> list[int]:
