@@ -28,7 +28,7 @@ from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
 from worker.request_limits import check_logit_bias, check_prompt_cap, context_window, max_new_tokens
-from worker.sampling import greedy, make_request_processors, make_request_sampler
+from worker.sampling import RequestSampler, greedy, make_request_processors, make_request_sampler
 from worker.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,8 @@ class Admitter:
         logprobs = LogprobsReporter(sampling.top_logprobs, self._vocabulary) if sampling.logprobs else None
         breakpoints = prepared.breakpoints if prepared is not None else self.breakpoints(request, prompt_ids)
         speculation = request.speculation or self._config.speculation
-        speculate = speculation == PROMPT_LOOKUP and sampler is greedy and not processors
+        speculate = (speculation == PROMPT_LOOKUP and (sampler is greedy or isinstance(sampler, RequestSampler))
+                     and not processors)
         return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints,
                          speculate=speculate)
 

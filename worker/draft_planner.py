@@ -26,8 +26,10 @@ class Acceptance:
     kept tokens over kept tokens plus rejections, over a decaying window (a row moves
     between copying its input and writing new text)."""
 
-    kept: float = 1.0  # prior: one kept, one rejected (p = 0.5)
-    rejected: float = 1.0
+    # prior p = 0.8: a match of two or more tokens in an agent's context is mostly right,
+    # and a row whose first drafts are refused falls below what pays within a step or two
+    kept: float = 2.0
+    rejected: float = 0.5
     decay: float = 0.8
 
     def record(self, proposed: int, kept: int) -> None:
@@ -52,9 +54,13 @@ class StepCost:
 
     def __init__(self, fixed_s: float = 0.026, per_position_s: float = 0.0073, decay: float = 0.97) -> None:
         self._decay = decay
-        self._n = self._x = self._y = self._xx = self._xy = 0.0
-        for positions in (1, 16):  # the prior, as two observations that fade like the rest
-            self.record(positions, fixed_s + per_position_s * positions)
+        # the prior, as two observations (1 and 16 positions) that fade like the rest
+        points = [(x, fixed_s + per_position_s * x) for x in (1.0, 16.0)]
+        self._n = float(len(points))
+        self._x = sum(x for x, _ in points)
+        self._y = sum(y for _, y in points)
+        self._xx = sum(x * x for x, _ in points)
+        self._xy = sum(x * y for x, y in points)
 
     def record(self, positions: int, seconds: float) -> None:
         d = self._decay
@@ -70,8 +76,12 @@ class StepCost:
         if spread <= 1e-9:
             return self._y / self._n, 0.0
         slope = (self._n * self._xy - self._x * self._y) / spread
-        slope = max(slope, 1e-6)
-        fixed = max((self._y - slope * self._x) / self._n, 1e-6)
+        fixed = (self._y - slope * self._x) / self._n
+        # a few noisy steps can tilt the line absurdly: a position costs between 1% of the
+        # step's fixed part and all of it (0.5B here: 28%)
+        mean = self._y / self._n
+        fixed = min(max(fixed, 0.05 * mean), mean)
+        slope = min(max(slope, 0.01 * fixed), fixed)
         return fixed, slope
 
     def seconds(self, positions: int) -> float:

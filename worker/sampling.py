@@ -50,23 +50,38 @@ def keep_likely(logprobs: mx.array, params: SamplingParams, vocab_size: int) -> 
     return logprobs
 
 
+class RequestSampler:
+    """One request's draw at temperature > 0: the tokens `keep_likely` keeps, their
+    log-probabilities divided by the temperature (`scaled`), one drawn with the request's
+    own key when it is seeded. `scaled` and `next_key` are public so speculation can
+    judge drafts by the very distribution a plain step draws from."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int) -> None:
+        self._params = params
+        self._vocab_size = vocab_size
+        self._inverse_temperature = 1.0 / params.temperature
+        # OpenAI seeds are signed 64-bit, MLX keys unsigned: the same seed always maps to one key
+        self._key = mx.random.key(params.seed % 2**64) if params.seed is not None else None
+
+    def scaled(self, logprobs: mx.array) -> mx.array:
+        return keep_likely(logprobs, self._params, self._vocab_size) * self._inverse_temperature
+
+    def next_key(self) -> mx.array | None:
+        """The next key of a seeded request's sequence (None: the global generator's)."""
+        if self._key is None:
+            return None
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return mx.random.categorical(self.scaled(logprobs), key=self.next_key())
+
+
 def make_request_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
-    """Sampler for one request: greedy at temperature 0, else a draw from the tokens
-    `keep_likely` keeps, their log-probabilities divided by the temperature."""
+    """Sampler for one request: greedy at temperature 0, else a `RequestSampler`."""
     if params.temperature <= 0.0:
         return greedy
-    temperature = params.temperature
-    # OpenAI seeds are signed 64-bit, MLX keys unsigned: the same seed always maps to one key
-    key = [mx.random.key(params.seed % 2**64)] if params.seed is not None else None
-
-    def sample(logprobs: mx.array) -> mx.array:
-        scaled = keep_likely(logprobs, params, vocab_size) * (1.0 / temperature)
-        if key is None:
-            return mx.random.categorical(scaled)
-        key[0], sub = mx.random.split(key[0])
-        return mx.random.categorical(scaled, key=sub)
-
-    return sample
+    return RequestSampler(params, vocab_size)
 
 
 def make_request_processors(params: SamplingParams, prompt_length: int) -> list[LogitsProcessor]:

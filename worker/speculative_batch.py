@@ -33,7 +33,7 @@ from mlx_lm.models.cache import BatchKVCache
 from worker.draft_planner import Acceptance, StepCost, best_width
 from worker.prompt_lookup import DraftLength, PromptLookup
 from worker.ragged_kv_cache import RaggedKVCache
-from worker.sampling import greedy
+from worker.sampling import RequestSampler, greedy
 
 
 @dataclass
@@ -99,10 +99,8 @@ class SpeculativeBatch(GenerationBatch):
         drafts = self._drafts.get(self.uids[row])
         if drafts is None or (self.logits_processors and self.logits_processors[row]):
             return None
-        sampler = self.samplers[row] if self.samplers else None
-        if (sampler or self.fallback_sampler) is not greedy:
-            return None
-        return drafts
+        sampler = (self.samplers[row] if self.samplers else None) or self.fallback_sampler
+        return drafts if sampler is greedy or isinstance(sampler, RequestSampler) else None
 
     def _room(self, row: int) -> int:
         """Drafts row `row` may still take: the step reports them all plus its token."""
@@ -171,7 +169,16 @@ class SpeculativeBatch(GenerationBatch):
         sampled, next_logprobs, rejected = [], [], []
         self._reported, self._reported_logprobs = [], []
         for row, (token, proposal) in enumerate(zip(pending, proposals)):
-            accepted = kept_drafts(proposal, best_rows[row])
+            sampler = (self.samplers[row] if self.samplers else None) or self.fallback_sampler
+            if sampler is greedy:
+                accepted = kept_drafts(proposal, best_rows[row])
+                sampled.append(best[row, accepted:accepted + 1])
+            elif proposal and isinstance(sampler, RequestSampler):
+                accepted, drawn = judge_sampled(sampler, logprobs[row], proposal)
+                sampled.append(drawn)
+            else:  # drafts nothing: its token comes from the first position, as in a plain step
+                accepted = 0
+                sampled.append(sampler(logprobs[row, :1]))
             if proposal:
                 drafts = planned[row][0]
                 drafts.length.record(len(proposal), accepted)
@@ -181,11 +188,6 @@ class SpeculativeBatch(GenerationBatch):
             self._reported_logprobs.append([self._next_logprobs[row]] + [logprobs[row, i] for i in range(accepted)])
             self.tokens[row].extend(fed)
             rejected.append(width - len(fed))
-            sampler = (self.samplers[row] if self.samplers else None) or self.fallback_sampler
-            if sampler is greedy:
-                sampled.append(best[row, accepted:accepted + 1])
-            else:  # a sampled row drafts nothing: its token comes from the first position, as in a plain step
-                sampled.append(sampler(logprobs[row, :1]))
             next_logprobs.append(logprobs[row, accepted])
         for cache in self.prompt_cache:
             cache.rollback(rejected)
@@ -251,6 +253,27 @@ def kept_drafts(proposal: list[int], best: list[int]) -> int:
     while kept < len(proposal) and proposal[kept] == best[kept]:
         kept += 1
     return kept
+
+
+def judge_sampled(sampler: RequestSampler, logprobs: mx.array, proposal: list[int]) -> tuple[int, mx.array]:
+    """Speculative sampling for a row drawn at temperature > 0, whose drafts are certain
+    (prompt lookup proposes one token, with probability 1): draft `i` is kept with the
+    probability the row's own distribution gives it at the position before; at the first
+    one refused, the token is drawn from that distribution without it; when all are kept,
+    from the distribution after the last. The rejection rule with a one-token proposal, so
+    every token follows the distribution a plain step draws from (Leviathan et al. 2023).
+    Returns (drafts kept, the drawn token as a 1-element array)."""
+    k = len(proposal)
+    scaled = sampler.scaled(logprobs[:k + 1])  # (k + 1, V): what a plain step draws from, per position
+    drafted = mx.array(proposal, dtype=mx.int32)
+    chance = mx.softmax(scaled[:k], axis=-1)[mx.arange(k), drafted]
+    draws = mx.random.uniform(shape=(k,), key=sampler.next_key())
+    kept_each = (draws < chance).tolist()
+    kept = next((i for i, ok in enumerate(kept_each) if not ok), k)
+    if kept < k:  # refused: draw from the rest of that position's distribution
+        others = mx.where(mx.arange(scaled.shape[-1]) == proposal[kept], -mx.inf, scaled[kept])
+        return kept, mx.random.categorical(others, key=sampler.next_key()).reshape(1)
+    return kept, mx.random.categorical(scaled[k], key=sampler.next_key()).reshape(1)
 
 
 def _cut_at(proposal: list[int], stops: frozenset[int]) -> list[int]:

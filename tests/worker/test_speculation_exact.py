@@ -1,7 +1,7 @@
 """Speculation changes no token: on the real model, greedy answers with prompt lookup on
 equal plain decoding token for token (and logprob for logprob), alone and in a batch of 8
-that mixes drafting rows with rows that cannot draft (logit_bias, a seeded sampled one),
-a stop string and logprobs among them; and the check can fail: keeping every draft
+that mixes greedy drafting rows with one that cannot draft (logit_bias) and a seeded
+sampled one, a stop string and logprobs among them; and the check can fail: keeping every draft
 unverified changes the answers.
 
 Runs in a fresh interpreter that binds the fast BLAS before MLX loads, as the worker does.
@@ -19,6 +19,7 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[2]
+SAMPLED = "r4"  # the seeded sampled request: shares the steps, drafts by the rejection rule
 
 SCENARIO = r"""
 import json, sys
@@ -26,12 +27,15 @@ from worker.blas import bind_fast_blas
 bind_fast_blas()
 from protocol.messages import AddRequest, ErrorEvent, FinishEvent, SamplingParams, TokenEvent
 from protocol.settings import WorkerSettings
-from worker import speculative_batch
+from worker import draft_planner, speculative_batch
 from worker.engine import Engine
 from worker.model_loader import load_for_serving
 from worker.prefix_cache import PrefixCache
 
 real = load_for_serving(sys.argv[1])
+# the planner's cost stays its prior (no step timed), so which steps widen depends on the
+# tokens alone and every run of this test drafts alike
+draft_planner.StepCost.record = lambda self, positions, seconds: None
 CODE = '''def parse(line):
     name, value = line.split("=", 1)
     return name.strip(), value.strip()
@@ -107,6 +111,8 @@ def runs(qwen_model_dir: Path) -> dict:
 def test_speculation_gives_the_plain_tokens_and_logprobs(runs: dict, how: str) -> None:
     plain, spec = runs[f"plain_{how}"], runs[f"spec_{how}"]
     for rid in plain:
+        if rid == SAMPLED:  # equal in distribution only: tests/worker/test_speculative_sampling.py
+            continue
         assert spec[rid]["ids"] == plain[rid]["ids"], rid
         assert spec[rid]["text"] == plain[rid]["text"], rid
         assert spec[rid]["logprobs"] == plain[rid]["logprobs"], rid
@@ -118,7 +124,7 @@ def test_drafts_were_kept_so_the_equality_means_something(runs: dict) -> None:
     for how in ("alone", "batch"):
         spec = runs[f"spec_{how}"]
         assert spec["r0"]["kept"] >= 10 and spec["r1"]["kept"] >= 10, how  # the copies speculated
-        assert spec["r6"]["drafted"] == 0 and spec["r4"]["drafted"] == 0  # logit_bias, sampled: never draft
+        assert spec["r6"]["drafted"] == 0  # logit_bias: this row never drafts
         assert all(r["drafted"] == 0 for r in runs[f"plain_{how}"].values())
 
 
