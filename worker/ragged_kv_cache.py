@@ -56,13 +56,12 @@ class RaggedKVCache:
         end = int(self.lengths.max()) + width if len(self.lengths) else width
         if end > self.keys.shape[2]:
             self._grow(_capacity(end))
-        positions = mx.array(self.lengths[:, None] + np.arange(width)[None, :], dtype=mx.int32)  # (B, W)
-        index = positions[:, None, :, None]
+        index, after = _step_arrays(self.lengths, width)
         self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(index, keys.shape), keys, axis=2)
         self.values = mx.put_along_axis(self.values, mx.broadcast_to(index, values.shape), values, axis=2)
         self.lengths = self.lengths + width
         self._written = width
-        self.offset = mx.array(self.lengths, dtype=mx.int32)
+        self.offset = after
         return self.keys[..., :end, :], self.values[..., :end, :]
 
     def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> mx.array:  # noqa: N803 (mlx-lm's name)
@@ -135,6 +134,21 @@ class RaggedKVCache:
     def _grow(self, capacity: int) -> None:
         self.keys = _padded(self.keys, capacity)
         self.values = _padded(self.values, capacity)
+
+
+_last_step: list[Any] = [None, None]  # (key, arrays) of the last `_step_arrays`
+
+
+def _step_arrays(lengths: np.ndarray, width: int) -> tuple[mx.array, mx.array]:
+    """A step's write positions (B, 1, W, 1) and the rows' lengths after it, made once a
+    step and shared by every layer (each layer's cache holds the same lengths)."""
+    key = (lengths.tobytes(), width)
+    if _last_step[0] != key:
+        positions = lengths[:, None] + np.arange(width)[None, :]
+        _last_step[0] = key
+        _last_step[1] = (mx.array(positions[:, None, :, None], dtype=mx.int32),
+                         mx.array(lengths + width, dtype=mx.int32))
+    return _last_step[1]
 
 
 def _capacity(positions: int) -> int:
