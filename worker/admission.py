@@ -200,7 +200,7 @@ class Admitter:
         breakpoints = prepared.breakpoints if prepared is not None else self.breakpoints(request, prompt_ids)
         speculation = request.speculation or self._config.speculation
         speculate = (speculation == PROMPT_LOOKUP and (sampler is greedy or isinstance(sampler, RequestSampler))
-                     and not processors)
+                     and all(p is grammar for p in processors))  # a grammar drafts as far as its free_ahead
         return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints,
                          speculate=speculate)
 

@@ -28,10 +28,11 @@ CHECKED_MLX_LM_VERSION = "0.32.2"
 
 def make_batch_generator(model: nn.Module, eos_token_ids: list[int], max_num_seqs: int,
                          prefill_chunk_tokens: int,
-                         may_widen: Callable[[list[int]], bool] | None = None) -> BatchGenerator:
+                         held: Callable[[int], Any] | None = None) -> BatchGenerator:
     """A generator that decodes up to `max_num_seqs` sequences at once, prefills waiting
     prompts together in chunks of `prefill_chunk_tokens`, and stops a sequence at any
-    single EOS token; with `may_widen`, its decode steps can verify drafts
+    single EOS token; with `held` (a uid's grammar processor, if one masks it), its decode
+    steps can verify drafts
     (`install_speculation`)."""
     generator = BatchGenerator(
         model,
@@ -40,8 +41,8 @@ def make_batch_generator(model: nn.Module, eos_token_ids: list[int], max_num_seq
         prefill_batch_size=max_num_seqs,
         prefill_step_size=prefill_chunk_tokens,
     )
-    if may_widen is not None:
-        install_speculation(generator, eos_token_ids, may_widen)
+    if held is not None:
+        install_speculation(generator, eos_token_ids, held)
     return generator
 
 
@@ -136,12 +137,12 @@ def decode_step_uids(generator: BatchGenerator, cache: Any) -> list[int] | None:
 
 
 def install_speculation(generator: BatchGenerator, eos_token_ids: list[int],
-                        may_widen: Callable[[list[int]], bool]) -> SpeculativeBatch | None:
+                        held: Callable[[int], Any]) -> SpeculativeBatch | None:
     """Put a `SpeculativeBatch` in place of the generator's empty generation batch, or
     None (nothing replaced) when mlx-lm's internals have changed."""
     try:
         batch = SpeculativeBatch.replacing(generator._generation_batch, eos_token_ids=eos_token_ids,
-                                           may_widen=may_widen)
+                                           held=held)
     except (AttributeError, TypeError, ValueError):
         return None
     generator._generation_batch = batch

@@ -82,7 +82,7 @@ class Engine:
     def _make_generator(self) -> BatchGenerator:
         model = MaskedModel(self._loaded.model, self._grammar_batch)  # grammar masks applied in its forward
         return make_batch_generator(model, self.eos_token_ids, self._config.max_num_seqs,
-                                    self._config.prefill_chunk_tokens, may_widen=self._grammar_batch.holds_none)
+                                    self._config.prefill_chunk_tokens, held=self._grammar_batch.held)
 
     # ------------------------------------------------------------ admission
 

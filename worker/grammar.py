@@ -137,6 +137,12 @@ class GrammarProcessor:
         """Whether the next mask comes from the matcher (else it is EOS only)."""
         return self.error is None and not self.matcher.is_stopped()
 
+    def free_ahead(self, tokens: list[int]) -> int:
+        """How many of `tokens` this grammar would consume with no mask needed after any
+        of them (speculation drafts only that far): none for a grammar that holds every
+        token; a lazy one before its trigger says more (worker/lazy_grammar.py)."""
+        return 0
+
     def consume(self, new_tokens: list[int]) -> None:
         """Advance the matcher over `new_tokens`, the next ones of the context."""
         self.next_position += len(new_tokens)

@@ -64,10 +64,11 @@ class GrammarBatch:
         steady = take_processors(generator, self._is_steady)
         self._rows.update(steady)
 
-    def holds_none(self, uids: list[int]) -> bool:
-        """True when no row of `uids` is masked here: a step of them may feed several
-        positions a row (speculation), which these one-position masks could not follow."""
-        return not any(uid in self._rows for uid in uids)
+    def held(self, uid: int) -> GrammarProcessor | None:
+        """The processor this batch masks `uid`'s row for, if any. A step that feeds a
+        row several positions (speculation) is masked at its first position only: the
+        row's drafts go only as far as its `free_ahead` says no mask is needed."""
+        return self._rows.get(uid)
 
     def _is_steady(self, processor: Any) -> bool:
         return isinstance(processor, GrammarProcessor) and processor.last_step == self.step - 1
@@ -95,7 +96,7 @@ class GrammarBatch:
         if self._overlap or len(uids) > 1:
             mx.async_eval(logits)
         waited = time.perf_counter()
-        tokens = inputs.reshape(-1).tolist()  # the one host sync of the step
+        tokens = inputs[:, 0].tolist()  # the one host sync of the step (a wide step: each row's first position)
         started = time.perf_counter()
         self.wait_s += started - waited
         allowed = self._allowed(rows, tokens)
@@ -116,7 +117,8 @@ class GrammarBatch:
             n = min(width, mask.shape[0])
             full[row, :n] = mask[:n]
             full[row, n:] = False  # logits wider than the vocabulary: padding ids, never allowed
-        return mx.where(mx.array(full).reshape(logits.shape), logits, mx.array(-mx.inf, dtype=logits.dtype))
+        first = mx.where(mx.array(full)[:, None, :], logits[:, :1], mx.array(-mx.inf, dtype=logits.dtype))
+        return first if logits.shape[1] == 1 else mx.concatenate([first, logits[:, 1:]], axis=1)
 
     def _allowed(self, rows: list[tuple[int, GrammarProcessor]], tokens: list[int]) -> list[tuple[int, np.ndarray]]:
         """Each row's processor fed its new token, then every mask the matchers need

@@ -16,6 +16,7 @@ leaves it in the same state, since llguidance matches bytes.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 from collections import OrderedDict
@@ -136,6 +137,21 @@ class LazyCallProcessor(GrammarProcessor):
     @property
     def needs_mask(self) -> bool:
         return self._active and super().needs_mask
+
+    def free_ahead(self, tokens: list[int]) -> int:
+        """How many of `tokens` (the next ones of the answer) this grammar would consume
+        staying free, each leaving the next token's mask FREE: no trigger completed and
+        the budget's zone not reached. Speculation drafts only that far, so a draft never
+        needs a mask (the matcher's state is not touched)."""
+        if self.error is not None or self._done or self._active:
+            return 0
+        watch = copy.copy(self._watch)
+        for i, token in enumerate(tokens):
+            if self._end - (self.next_position + i + 1) <= ZONE:
+                return i
+            if watch.see(self._vocabulary.token_bytes(token)) is not None:
+                return i
+        return len(tokens)
 
     def consume(self, new_tokens: list[int]) -> None:
         for token in new_tokens:

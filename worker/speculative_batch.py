@@ -49,16 +49,18 @@ class RowDrafts:
 class SpeculativeBatch(GenerationBatch):
     """mlx-lm's generation batch whose step verifies drafts (see the module docstring).
 
-    `may_widen(uids)` says whether a step of these rows may feed more than one position
-    (False while a grammar masks one of them: its masks are one position per row)."""
+    `held(uid)` is the grammar processor that masks the row of `uid`, if any: masked at a
+    wide step's first position only, such a row drafts only as far as its `free_ahead`
+    says no mask is needed (a lazy call grammar before its trigger), and its grammar
+    consumes the drafts it keeps."""
 
     def __init__(self, *args: Any, eos_token_ids: list[int] = (), max_draft: int = 16,
-                 may_widen: Callable[[list[int]], bool] = lambda uids: True, **kwargs: Any) -> None:
+                 held: Callable[[int], Any] = lambda uid: None, **kwargs: Any) -> None:
         self._drafts: dict[int, RowDrafts] = {}
         self._wanted: dict[int, DraftLength] = {}
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._max_draft = max_draft
-        self._may_widen = may_widen
+        self._held = held
         self.cost = StepCost()
         self._reported: list[list[int]] = []
         self._reported_logprobs: list[list[mx.array]] = []
@@ -110,7 +112,7 @@ class SpeculativeBatch(GenerationBatch):
         """The rows to draft for (row -> (its drafts, most tokens)), or None for a plain
         step: judged before the pending token is read, from each row's draft as the
         tokens already read predict it (`worker/draft_planner.py` weighs it)."""
-        if not all(isinstance(c, RaggedKVCache) for c in self.prompt_cache) or not self._may_widen(self.uids):
+        if not all(isinstance(c, RaggedKVCache) for c in self.prompt_cache):
             return None
         planned, rows = {}, []
         for row in range(len(self.uids)):
@@ -119,7 +121,9 @@ class SpeculativeBatch(GenerationBatch):
             seen = 0
             if limit > 0:
                 drafts.lookup.extend(self.tokens[row][len(drafts.lookup):])
-                seen = len(drafts.lookup.propose(limit + 1)) - 1  # the pending token, then drafts
+                predicted = drafts.lookup.propose(limit + 1)  # the pending token, then drafts
+                grammar = self._held(self.uids[row])
+                seen = (len(predicted) if grammar is None else grammar.free_ahead(predicted)) - 1
             if seen > 0:
                 planned[row] = (drafts, limit)
             rows.append((seen, drafts.acceptance.p) if seen > 0 else (0, 0.0))
@@ -146,6 +150,9 @@ class SpeculativeBatch(GenerationBatch):
                 drafts, limit = planned[row]
                 drafts.lookup.extend([token])
                 proposal = _cut_at(drafts.lookup.propose(limit), self._eos)
+                grammar = self._held(self.uids[row])
+                if grammar is not None:  # only as far as no draft needs a mask
+                    proposal = proposal[:max(0, grammar.free_ahead([token] + proposal) - 1)]
             proposals.append(proposal)
         rows = [(len(p), planned[row][0].acceptance.p) if p else (0, 0.0) for row, p in enumerate(proposals)]
         width = best_width(rows, self.cost)
@@ -184,6 +191,9 @@ class SpeculativeBatch(GenerationBatch):
                 drafts.length.record(len(proposal), accepted)
                 drafts.acceptance.record(len(proposal), accepted)
             fed = [token] + proposal[:accepted]
+            grammar = self._held(self.uids[row]) if accepted else None
+            if grammar is not None:  # it consumed the pending token in the forward pass; now the kept drafts
+                grammar.consume(proposal[:accepted])
             self._reported.append(fed)
             self._reported_logprobs.append([self._next_logprobs[row]] + [logprobs[row, i] for i in range(accepted)])
             self.tokens[row].extend(fed)

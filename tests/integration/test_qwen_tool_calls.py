@@ -35,7 +35,8 @@ UNIT_DESCRIPTION = "Get the current weather in a city, in celsius or fahrenheit.
 @pytest.fixture(scope="module")
 def qwen(qwen_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[openai.OpenAI, Service]]:
     home = tmp_path_factory.mktemp("home")
-    (home / "config.toml").write_text(f'[profiles."{MODEL}:free"]\ntool_call_grammar = false\n')
+    (home / "config.toml").write_text(f'[profiles."{MODEL}:free"]\ntool_call_grammar = false\n'
+                                      f'[profiles."{MODEL}:plain"]\nspeculation = "off"\n')
     with running_service(["--model", str(qwen_model_dir)], home) as svc:
         yield openai.OpenAI(base_url=f"{svc.base_url}/v1", api_key="unused", max_retries=0, timeout=600), svc
 
@@ -115,3 +116,42 @@ def test_a_call_is_held_to_its_enum_in_every_api_and_free_it_breaks(qwen: tuple[
                                                "parameters": UNIT_PARAMETERS}])
     items = [json.loads(item.arguments) for item in response.output if item.type == "function_call"]
     assert items and all(_valid(i) for i in items), response.output
+
+
+RUN_TESTS = {"type": "function", "function": {
+    "name": "run_tests", "description": "Run the project's test suite once an edit is done.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+EDIT = """Rename `total` to `amount` in this function and return the whole function:
+
+```python
+def add_all(values):
+    total = 0
+    for value in values:
+        if value is not None:
+            total += value
+    return total
+```"""
+
+
+@pytest.mark.parametrize(("ask", "tool"), [(EDIT, RUN_TESTS), ("What is the weather in Paris?", WEATHER)],
+                         ids=["edit", "call"])
+def test_an_agent_turn_with_tools_speculates_and_answers_as_plain(qwen: tuple[openai.OpenAI, Service], ask: str,
+                                                                  tool: dict) -> None:
+    """With tools in `auto` the lazy call grammar holds the row: it drafts only while no
+    draft could need a mask (before a trigger, outside the budget's zone), and the answer
+    is the plain one, token for token, calls included."""
+    client, _ = qwen
+
+    def answer(model: str):
+        system = "You are a coding assistant. Answer in text; call a tool only when the user asks for it."
+        return client.chat.completions.create(model=model, messages=[{"role": "system", "content": system},
+                                                                     {"role": "user", "content": ask}],
+                                              tools=[tool], tool_choice="auto", temperature=0, max_tokens=80)
+
+    plain, fast = answer(f"{MODEL}:plain"), answer(MODEL)
+    assert fast.choices[0].message.content == plain.choices[0].message.content
+    calls = [(c.function.name, c.function.arguments) for c in plain.choices[0].message.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in fast.choices[0].message.tool_calls or []] == calls
+    assert plain.model_extra["mlxd"]["timings"]["draft_tokens"] == 0
+    assert calls  # the 0.5B calls a tool it is offered, even for an edit (tests/worker/test_speculation_exact.py
+    # drafts a copy under the same lazy grammar, in-process, where the prompt shows no tools)

@@ -278,3 +278,21 @@ def test_a_call_that_follows_its_shortest_completion_is_walked_once(tiny, vocabu
     deviating = next(i for i, t in enumerate(path) if vocabulary.token_bytes(t).startswith(b'"') and i > 4)
     answer(deviate_at=deviating)
     assert walks  # leaving the walk means walking again
+
+
+def test_speculation_drafts_only_as_far_as_no_mask_is_needed(tiny, vocabulary: TokenVocabulary) -> None:
+    """`free_ahead`: free text may be drafted up to the token that completes a trigger
+    (that token's successor needs the call grammar's mask) or reaches the budget's zone;
+    inside a call, nothing; and looking ahead leaves the processor as it was."""
+    constraint = lazy_call_constraint("hermes", TOOLS)
+    matcher = GrammarCompiler(vocabulary).compile(constraint)
+    free = tiny.tokenizer.encode("Sure, let me check the weather.", add_special_tokens=False)
+    opener = tiny.tokenizer.encode("<tool_call>", add_special_tokens=False)
+    processor = LazyCallProcessor(matcher, constraint, 3, 500, vocabulary)
+    assert processor.free_ahead(free) == len(free)
+    assert processor.free_ahead(free + opener + free) == len(free) + len(opener) - 1
+    assert processor.free_ahead(free) == len(free)  # the look ahead changed nothing
+    near_end = LazyCallProcessor(matcher.deep_copy(), constraint, 3, call_budget.ZONE + 4, vocabulary)
+    assert near_end.free_ahead(free) == 3  # the fourth token's successor is inside the zone
+    processor.consume(free + opener)
+    assert processor.free_ahead(free) == 0  # inside the call: every token is held

@@ -1,7 +1,7 @@
 """Speculation changes no token: on the real model, greedy answers with prompt lookup on
 equal plain decoding token for token (and logprob for logprob), alone and in a batch of 8
-that mixes greedy drafting rows with one that cannot draft (logit_bias) and a seeded
-sampled one, a stop string and logprobs among them; and the check can fail: keeping every draft
+that mixes greedy drafting rows with one that cannot draft (logit_bias), a seeded
+sampled one and one held by a lazy call grammar, a stop string and logprobs among them; and the check can fail: keeping every draft
 unverified changes the answers.
 
 Runs in a fresh interpreter that binds the fast BLAS before MLX loads, as the worker does.
@@ -27,7 +27,10 @@ from worker.blas import bind_fast_blas
 bind_fast_blas()
 from protocol.messages import AddRequest, ErrorEvent, FinishEvent, SamplingParams, TokenEvent
 from protocol.settings import WorkerSettings
+from router.tool_calls.lazy_grammar import lazy_call_constraint
+from router.tool_calls.request import ToolRequest, ToolSpec
 from worker import draft_planner, speculative_batch
+from worker.call_budget import ZONE  # the lazy row's last ZONE tokens draft nothing (a call there needs its budget)
 from worker.engine import Engine
 from worker.model_loader import load_for_serving
 from worker.prefix_cache import PrefixCache
@@ -58,7 +61,10 @@ ASKS = [
     ("Repeat this code exactly:\n" + CODE, {"stop": ["return name"]}),
     ("Return this code with `load` renamed to `read`:\n" + CODE, {"logit_bias": {"13": -5.0}}),
     ("List the numbers from 1 to 30, comma separated.", {}),
+    ("Repeat this code exactly:\n" + CODE, "lazy"),  # held by the lazy call grammar (its prompt shows no tools)
 ]
+LAZY = lazy_call_constraint("hermes", ToolRequest((ToolSpec("get_weather", {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),)))
 
 
 def run(speculation, together, max_tokens=40):
@@ -69,8 +75,11 @@ def run(speculation, together, max_tokens=40):
     waves = [list(enumerate(ASKS))] if together else [[a] for a in enumerate(ASKS)]
     for wave in waves:
         for i, (text, extra) in wave:
+            lazy = extra == "lazy"
             engine.add(AddRequest(f"r{i}", messages=[{"role": "user", "content": text}],
-                                  sampling=SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **extra})))
+                                  constraint=LAZY if lazy else None,
+                                  sampling=SamplingParams(**{"max_tokens": max_tokens + (ZONE if lazy else 0),
+                                                             "temperature": 0.0, **({} if lazy else extra)})))
         while engine.has_work():
             engine.step()
     out = {}
@@ -124,6 +133,7 @@ def test_drafts_were_kept_so_the_equality_means_something(runs: dict) -> None:
     for how in ("alone", "batch"):
         spec = runs[f"spec_{how}"]
         assert spec["r0"]["kept"] >= 10 and spec["r1"]["kept"] >= 10, how  # the copies speculated
+        assert spec["r8"]["kept"] >= 10, how  # and so did the copy a lazy call grammar holds
         assert spec["r6"]["drafted"] == 0  # logit_bias: this row never drafts
         assert all(r["drafted"] == 0 for r in runs[f"plain_{how}"].values())
 
