@@ -236,18 +236,17 @@ class SpeculativeBatch(GenerationBatch):
         for i in range(len(self.uids)):
             finish_reason = None
             tokens, logprobs = self._reported[i], self._reported_logprobs[i]
-            for n, (token, logprob) in enumerate(zip(tokens, logprobs)):
+            for token, logprob in zip(tokens, logprobs):
                 self._num_tokens[i] += 1
                 if self._num_tokens[i] >= self.max_tokens[i]:
                     finish_reason = "length"
                 if self._matchers[i].advance(token):
                     finish_reason = "stop"
-                last = finish_reason is not None or n == len(tokens) - 1
                 responses.append(self.Response(
                     uid=self.uids[i], token=token, logprobs=logprob, finish_reason=finish_reason,
                     prompt_cache=self.extract_cache(i) if finish_reason is not None else None,
                     all_tokens=self.tokens[i] if finish_reason is not None else None))
-                if last and finish_reason is not None:
+                if finish_reason is not None:
                     break
             if finish_reason is None:
                 keep.append(i)
