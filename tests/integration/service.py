@@ -74,6 +74,18 @@ class Service:
             new, kept = self._lines_read - mark, list(self.log)
         return "\n".join(kept[-new:]) if new > 0 else ""
 
+    def wait_for_log(self, text: str, after: int = 0, timeout: float = 30.0) -> str:
+        """The first line after `after` (a `log_mark`) that holds `text`, waited for: a line
+        a process wrote before it answered can still be in the pipe when the answer lands."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [line for line in self.log_since(after).splitlines() if text in line]
+            if found:
+                return found[0]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} in the log:\n" + self.log_since(after)[-4000:])
+            time.sleep(0.05)
+
     def wait_ready(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

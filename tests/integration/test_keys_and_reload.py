@@ -107,17 +107,6 @@ def test_keys_from_config_and_key_file_named_in_logs_and_status(started: Started
     assert httpx.get(f"{started.service.base_url}/health", timeout=5).status_code == 200  # open
 
 
-def _wait_for_log(service: Service, text: str, after: int, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = list(service.log)[after:]
-        found = [line for line in lines if text in line]
-        if found:
-            return found[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no {text!r} in the log:\n" + "\n".join(list(service.log)[after:]))
-
-
 def test_sighup_applies_ttl_alias_and_keys_with_a_stream_in_flight(started: Started) -> None:
     service, home = started.service, started.service.home
     client = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=ALICE, max_retries=0)
@@ -128,9 +117,9 @@ def test_sighup_applies_ttl_alias_and_keys_with_a_stream_in_flight(started: Star
     first = next(iter(stream))
     (home / "config.toml").write_text(_config(started.model, 900, ["smol", "smol-next"]))
     (home / "keys.txt").write_text(f"bob {BOB}\ncarol {CAROL}\n")
-    mark = len(service.log)
+    mark = service.log_mark()
     service.proc.send_signal(signal.SIGHUP)
-    line = _wait_for_log(service, "reloaded", mark)
+    line = service.wait_for_log("reloaded", after=mark)
     assert "models." in line and "ttl_s" in line and CAROL not in line
     text = (first.choices[0].delta.content or "") + "".join(
         chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
@@ -151,9 +140,9 @@ def test_a_broken_file_is_refused_and_the_service_runs_on(started: Started) -> N
         assert refused.status_code == 400 and "running one stays" in refused.json()["error"]["message"]
         assert "config.toml" in refused.json()["error"]["message"]
         (home / "config.toml").write_text(good.replace("ttl_s = 900", "ttl_s = -5"))  # parses, fails its check
-        mark = len(service.log)
+        mark = service.log_mark()
         service.proc.send_signal(signal.SIGHUP)
-        _wait_for_log(service, "reload refused", mark)
+        service.wait_for_log("reload refused", after=mark)
         answer = openai.OpenAI(base_url=f"{service.base_url}/v1", api_key=ALICE, max_retries=0)\
             .chat.completions.create(model="smol-next", messages=QUESTION, max_tokens=4)
         assert answer.choices  # the running configuration (its aliases) stayed

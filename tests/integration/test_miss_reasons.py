@@ -84,7 +84,7 @@ def test_a_first_request_is_first_seen_and_its_repeat_misses_only_the_last_token
     assert first["mlxd"]["cache"]["divergence"] is None
     again = chat(service, messages, salt)
     assert reasons(again) == {"partial_block": 1}  # the last prompt token is always computed
-    assert "1 uncached: partial_block" in service.log_text()
+    service.wait_for_log("1 uncached: partial_block")
 
 
 def test_a_different_later_message_diverged_at_its_token_and_message(service: Service, tokenizer: Any) -> None:

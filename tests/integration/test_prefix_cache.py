@@ -38,7 +38,7 @@ def test_repeated_prefix_hits_and_answers_the_same(client, model_id, service) ->
     # which must be recomputed to produce the first logits
     assert cached == warm.usage.prompt_tokens - 1
     assert warm.choices[0].message.content == cold.choices[0].message.content
-    assert f"prefix hit {cached}/{warm.usage.prompt_tokens} tokens" in service.log_since(mark)
+    service.wait_for_log(f"prefix hit {cached}/{warm.usage.prompt_tokens} tokens", after=mark)
 
 
 def test_next_turn_hits_the_whole_previous_turn(client, model_id) -> None:

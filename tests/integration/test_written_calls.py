@@ -58,7 +58,7 @@ def test_a_bare_call_object_is_read_as_a_call_when_its_arguments_fit(openai_clie
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather",
                                                                          {"city": "Paris", "unit": "celsius"})
     assert response.model_extra["mlxd"]["tool_calls"] == {"recovered_from_text": 1, "repeated": []}
-    assert "read a call to 'get_weather' written as text" in service.log_since(mark)
+    service.wait_for_log("read a call to 'get_weather' written as text", after=mark)
 
 
 def test_one_whose_arguments_break_the_schema_stays_text(openai_client: openai.OpenAI, model_id: str) -> None:
@@ -110,7 +110,7 @@ def test_a_repeated_call_is_reported_not_changed_through_the_anthropic_sdk(servi
     assert use.input == CALLED  # unchanged, not dropped
     assert message.model_extra["mlxd"]["tool_calls"] == {
         "recovered_from_text": 0, "repeated": [{"index": 0, "name": "get_weather", "of_call_id": "toolu_first"}]}
-    assert "repeats 'get_weather' of toolu_first" in service.log_since(mark)
+    service.wait_for_log("repeats 'get_weather' of toolu_first", after=mark)
 
 
 def test_and_through_the_openai_sdk(openai_client: openai.OpenAI, model_id: str) -> None:
