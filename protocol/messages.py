@@ -59,6 +59,7 @@ class WorkerConfig(Message):
     hot_tier_bytes: int = 0  # this worker's hot-tier budget, sized by the pool from the memory budget
     kvstore_address: str = ""  # the cold tier (on SSD); empty: hot tier only
     kind: str = "chat"  # chat | embedding | reranker: which loop the worker runs
+    draft_model_path: str = ""  # a chat model's draft model (speculation "draft_model"); empty: none
 
 
 @dataclass

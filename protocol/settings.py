@@ -21,7 +21,8 @@ STABLE_FIRST = "stable_first"
 TEMPLATE_LAYOUT = "template"
 PROMPT_LAYOUTS = (STABLE_FIRST, TEMPLATE_LAYOUT)
 PROMPT_LOOKUP = "prompt_lookup"
-SPECULATIONS = ("off", PROMPT_LOOKUP)
+DRAFT_MODEL = "draft_model"
+SPECULATIONS = ("off", PROMPT_LOOKUP, DRAFT_MODEL)
 
 
 def layout_in_effect(requested: str, tools_first: bool) -> str:
@@ -98,7 +99,9 @@ class WorkerSettings:
     speculation: str = setting(
         PROMPT_LOOKUP,
         "prompt_lookup: greedy answers draft tokens from earlier text of the conversation (an edit repeats the file "
-        "it was given) and verify several in one step, the tokens unchanged; off: one token a step",
+        "it was given) and verify several in one step, the tokens unchanged; draft_model: the same, and where "
+        "nothing repeats the model's draft_model drafts (prompt lookup where a model has none); off: one token "
+        "a step",
         choices=SPECULATIONS)
     mlx_cache_mb: int = setting(
         256, "freed MLX buffers a worker keeps for reuse (MB); beyond this they go back to the system, and all go "

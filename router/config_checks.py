@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from protocol.settings import SPECULATIONS
+from protocol.settings import DRAFT_MODEL, SPECULATIONS
 from router.config_values import ConfigError, quote_key
 from router.model_aliases import DEFAULT_TARGET
 from router.model_settings import ModelSettings
@@ -106,6 +106,12 @@ def check_models(pin: Iterable[str], models: Mapping[str, ModelSettings], max_di
         if settings.speculation is not None and settings.speculation not in SPECULATIONS:
             raise ConfigError(f"{where}.speculation", f"must be one of {', '.join(SPECULATIONS)}, "
                               f"got {settings.speculation!r}")
+        if settings.speculation == DRAFT_MODEL and settings.draft_model is None:
+            raise ConfigError(f"{where}.speculation", "draft_model speculation needs the model's draft_model")
+        if settings.draft_model is not None:
+            check_model_name(f"{where}.draft_model", settings.draft_model)
+            if settings.draft_model == name:
+                raise ConfigError(f"{where}.draft_model", "a model cannot draft for itself")
         for alias in settings.aliases:
             check_model_name(f"{where}.aliases", alias)
             if owner.setdefault(alias, name) != name:

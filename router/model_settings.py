@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from protocol.settings import DRAFT_MODEL
 from router.config_values import normalize_fields, setting
 
 if TYPE_CHECKING:
@@ -33,8 +34,12 @@ class ModelSettings:
         "are free")
 
     speculation: str | None = setting(
-        None, "off or prompt_lookup: this model's speculative decoding (see the worker setting of that name; "
-        "default: the service's)")
+        None, "off, prompt_lookup or draft_model: this model's speculative decoding (see the worker setting of "
+        "that name; default: draft_model when draft_model is set, else the service's)")
+    draft_model: str | None = setting(
+        None, "a model (its id) that drafts tokens for this one under speculation draft_model, loaded in the same "
+        "worker: it must share this model's tokenizer (refused at load otherwise); the prefix cache keeps its KV "
+        "beside this model's, so a cached prefix never recomputes the draft's")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
@@ -45,6 +50,8 @@ def speculation(settings: ModelSettings, profile: Profile | None) -> str | None:
     leaves it to the worker's setting."""
     if profile is not None and profile.speculation is not None:
         return profile.speculation
+    if settings.speculation is None and settings.draft_model is not None:
+        return DRAFT_MODEL
     return settings.speculation
 
 

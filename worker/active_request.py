@@ -47,6 +47,7 @@ class ActiveRequest:
     logprobs: LogprobsReporter | None = None  # set when the client asked for logprobs
     creation: CacheCreation = field(default_factory=CacheCreation)  # what its cache breakpoints write
     drafting: DraftLength | None = None  # its speculation's proposal length and record, if it speculates
+    drafts_from_model: bool = False  # its speculation may use the worker's draft model
 
     def mark_prefill_started(self, at: float) -> None:
         """Record the first prefill step that ran this prompt (later ones change nothing)."""

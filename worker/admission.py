@@ -15,7 +15,7 @@ from mlx_lm.sample_utils import LogitsProcessor, Sampler
 from protocol.cache_misses import CacheMisses, Divergence
 from protocol.errors import RequestError
 from protocol.messages import AddRequest
-from protocol.settings import PROMPT_LOOKUP, WorkerSettings
+from protocol.settings import DRAFT_MODEL, PROMPT_LOOKUP, WorkerSettings
 from protocol.prompt_bounds import check_prompt_fits
 from worker.cache_breakpoints import BreakpointPosition, CacheCreation, breakpoint_positions, cache_creation
 from worker.grammar import GrammarCompiler, GrammarProcessor
@@ -48,6 +48,7 @@ class Admission:
     breakpoints: list[BreakpointPosition] = field(default_factory=list)  # the client's, as token positions
     creation: CacheCreation = field(default_factory=CacheCreation)  # what it writes to the cache (once planned)
     speculate: bool = False  # greedy, unconstrained, and its speculation is on
+    draft_model: bool = False  # it speculates with the draft model too (where the worker has one)
 
 
 class Admitter:
@@ -199,10 +200,10 @@ class Admitter:
         logprobs = LogprobsReporter(sampling.top_logprobs, self._vocabulary) if sampling.logprobs else None
         breakpoints = prepared.breakpoints if prepared is not None else self.breakpoints(request, prompt_ids)
         speculation = request.speculation or self._config.speculation
-        speculate = (speculation == PROMPT_LOOKUP and (sampler is greedy or isinstance(sampler, RequestSampler))
+        speculate = (speculation in (PROMPT_LOOKUP, DRAFT_MODEL) and (sampler is greedy or isinstance(sampler, RequestSampler))
                      and all(p is grammar for p in processors))  # a grammar drafts as far as its free_ahead
         return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints,
-                         speculate=speculate)
+                         speculate=speculate, draft_model=speculate and speculation == DRAFT_MODEL)
 
     def plan(self, request: AddRequest, prompt_ids: list[int], prepared: PreparedPrompt | None) -> PrefixPlan:
         """Look the prompt up in the prefix cache: how much of it is cached, and where."""

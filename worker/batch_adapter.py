@@ -20,6 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import BatchGenerator
 
+from worker.model_drafts import ModelDrafter
 from worker.prompt_lookup import DraftLength
 from worker.speculative_batch import SpeculativeBatch
 
@@ -28,12 +29,12 @@ CHECKED_MLX_LM_VERSION = "0.32.2"
 
 def make_batch_generator(model: nn.Module, eos_token_ids: list[int], max_num_seqs: int,
                          prefill_chunk_tokens: int,
-                         held: Callable[[int], Any] | None = None) -> BatchGenerator:
+                         held: Callable[[int], Any] | None = None,
+                         drafter: ModelDrafter | None = None) -> BatchGenerator:
     """A generator that decodes up to `max_num_seqs` sequences at once, prefills waiting
     prompts together in chunks of `prefill_chunk_tokens`, and stops a sequence at any
     single EOS token; with `held` (a uid's grammar processor, if one masks it), its decode
-    steps can verify drafts
-    (`install_speculation`)."""
+    steps can verify drafts (`install_speculation`), the draft model's too with `drafter`."""
     generator = BatchGenerator(
         model,
         stop_tokens=[[t] for t in eos_token_ids],
@@ -42,7 +43,7 @@ def make_batch_generator(model: nn.Module, eos_token_ids: list[int], max_num_seq
         prefill_step_size=prefill_chunk_tokens,
     )
     if held is not None:
-        install_speculation(generator, eos_token_ids, held)
+        install_speculation(generator, eos_token_ids, held, drafter)
     return generator
 
 
@@ -136,24 +137,25 @@ def decode_step_uids(generator: BatchGenerator, cache: Any) -> list[int] | None:
         return None
 
 
-def install_speculation(generator: BatchGenerator, eos_token_ids: list[int],
-                        held: Callable[[int], Any]) -> SpeculativeBatch | None:
+def install_speculation(generator: BatchGenerator, eos_token_ids: list[int], held: Callable[[int], Any],
+                        drafter: ModelDrafter | None = None) -> SpeculativeBatch | None:
     """Put a `SpeculativeBatch` in place of the generator's empty generation batch, or
     None (nothing replaced) when mlx-lm's internals have changed."""
     try:
         batch = SpeculativeBatch.replacing(generator._generation_batch, eos_token_ids=eos_token_ids,
-                                           held=held)
+                                           held=held, drafter=drafter)
     except (AttributeError, TypeError, ValueError):
         return None
     generator._generation_batch = batch
     return batch
 
 
-def want_drafts(generator: BatchGenerator, uid: int, length: DraftLength) -> bool:
-    """Let `uid` speculate, `length` long; False when the generator has no speculative
-    batch (not installed, or mlx-lm's internals have changed)."""
+def want_drafts(generator: BatchGenerator, uid: int, length: DraftLength, use_model: bool = False) -> bool:
+    """Let `uid` speculate, `length` long (`use_model`: from the draft model too, where
+    there is one); False when the generator has no speculative batch (not installed, or
+    mlx-lm's internals have changed)."""
     batch = getattr(generator, "_generation_batch", None)
     if not isinstance(batch, SpeculativeBatch):
         return False
-    batch.want(uid, length)
+    batch.want(uid, length, use_model)
     return True

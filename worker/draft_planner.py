@@ -17,6 +17,7 @@ run so far (`StepCost`), starting from the measured shape above.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -89,16 +90,18 @@ class StepCost:
         return fixed + slope * positions
 
 
-def best_width(rows: list[tuple[int, float]], cost: StepCost, most: int = 17) -> int:
+def best_width(rows: list[tuple[int, float]], cost: StepCost, most: int = 17,
+               extra: Callable[[int], float] | None = None) -> int:
     """The step width (1 + draft tokens) with the most expected tokens per second for a
     batch whose rows are (drafts available, acceptance p); rows that cannot draft are
-    (0, 0.0). 1 when no width beats a plain step."""
+    (0, 0.0). 1 when no width beats a plain step. `extra(width)`: what making the drafts
+    for that width costs besides verifying them (a draft model's passes)."""
     batch = len(rows)
     widest = min(most, 1 + max((n for n, _ in rows), default=0))
     best, best_rate = 1, batch / cost.seconds(batch)
     for width in range(2, widest + 1):
         tokens = sum(expected_tokens(p, min(n, width - 1)) for n, p in rows)
-        rate = tokens / cost.seconds(batch * width)
+        rate = tokens / (cost.seconds(batch * width) + (extra(width) if extra is not None else 0.0))
         if rate > best_rate:
             best, best_rate = width, rate
     return best

@@ -22,6 +22,7 @@ from protocol.messages import AddRequest, ErrorEvent, FinishEvent, Message, Prog
 from worker.active_request import ActiveRequest
 from worker.admission import Admission, Admitter
 from worker.batch_adapter import make_batch_generator, want_drafts
+from worker.model_drafts import drafter_for
 from worker.detokenizer import IncrementalDetokenizer
 from worker.early_first_token import EarlyFirstToken
 from worker.grammar_batch import GrammarBatch, MaskedModel
@@ -82,7 +83,8 @@ class Engine:
     def _make_generator(self) -> BatchGenerator:
         model = MaskedModel(self._loaded.model, self._grammar_batch)  # grammar masks applied in its forward
         return make_batch_generator(model, self.eos_token_ids, self._config.max_num_seqs,
-                                    self._config.prefill_chunk_tokens, held=self._grammar_batch.held)
+                                    self._config.prefill_chunk_tokens, held=self._grammar_batch.held,
+                                    drafter=drafter_for(self._loaded.model))
 
     # ------------------------------------------------------------ admission
 
@@ -165,7 +167,7 @@ class Engine:
             cached_tokens=plan.cached_tokens,
             created_at=arrived,
             grammar=admission.grammar, logprobs=admission.logprobs, creation=admission.creation,
-            drafting=DraftLength() if admission.speculate else None)
+            drafting=DraftLength() if admission.speculate else None, drafts_from_model=admission.draft_model)
         if self._hit_fast_path_open(active):
             self._start_hit(active, admission)
             return
@@ -230,7 +232,7 @@ class Engine:
         )[0]
         plan.caches = None  # the generator owns the working copy now
         if active.drafting is not None:
-            want_drafts(self._generator, active.uid, active.drafting)
+            want_drafts(self._generator, active.uid, active.drafting, active.drafts_from_model)
         self._by_uid[active.uid] = active
         self._by_request[active.request_id] = active
         self._emit(active.prompt_event())
@@ -380,8 +382,7 @@ class Engine:
         )
 
     def _discard(self, request_id: str) -> None:  # undo what part of an admission happened before it failed
-        active = self._by_request.get(request_id)
-        if active is None:
+        if (active := self._by_request.get(request_id)) is None:
             return
         if active.uid >= 0:
             try:

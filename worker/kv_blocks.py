@@ -86,6 +86,12 @@ def _snapshots(caches: list[Any], kinds: list[str]) -> dict[int, LayerBlock]:
     return {i: _snapshot(c) for i, (c, k) in enumerate(zip(caches, kinds)) if k == SNAPSHOT}
 
 
+def positions_held(caches: list[Any], most: int) -> int:
+    """How many positions every sliceable layer of a sequence's caches holds, at most
+    `most` (a draft model's layers can trail the target's, worker/model_drafts.py)."""
+    return min([most, *(int(c.offset) for c in caches if type(c) is KVCache)])
+
+
 def slice_span(caches: list[Any], kinds: list[str], start: int, end: int,
                snapshots: dict[int, LayerBlock] | None = None) -> BlockPayload:
     """Payload of tokens [start, end) of one sequence's caches (batch size 1).

@@ -80,6 +80,7 @@ def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: L
     settings = config.settings
     # Imported here so the BLAS binding in __main__ happens before MLX loads.
     from worker.engine import Engine
+    from worker.drafted_model import with_draft
     from worker.model_loader import load_for_serving
     from worker.cold_tier import ColdTier
     from worker.prefix_cache import PrefixCache
@@ -97,6 +98,16 @@ def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: L
         log.exception("failed to load %s", config.model_path)
         channel.send(StartupFailed(f"cannot load model {config.model_path}: {exc}"))
         return 3
+    if config.draft_model_path:
+        try:
+            loaded = with_draft(loaded, load_for_serving(config.draft_model_path, settings.dtype))
+        except Exception as exc:
+            log.exception("failed to load the draft model %s", config.draft_model_path)
+            channel.send(StartupFailed(f"cannot load the draft model {config.draft_model_path} for "
+                                       f"{config.model_id}: {exc}"))
+            return 3
+        log.info("draft model %s loaded beside it: the prefix cache keeps both models' KV",
+                 os.path.basename(config.draft_model_path.rstrip("/")))
     if blas == "reference":
         from worker.blas import missing_blas_hint
 

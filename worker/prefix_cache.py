@@ -22,7 +22,8 @@ from protocol.cache_misses import CacheMisses
 from worker.breakpoint_pins import DEFAULT_MAX_SHARE, BreakpointPins
 from worker.cold_tier import ColdTier, ColdTierStats
 from worker.hot_tier import HotTier
-from worker.kv_blocks import SNAPSHOT, BlockPayload, assemble, layer_kinds, slice_blocks, slice_span, trim_payload
+from worker.kv_blocks import (SNAPSHOT, BlockPayload, assemble, layer_kinds, positions_held, slice_blocks, slice_span,
+                              trim_payload)
 from worker.miss_reasons import SeenPrefixes
 from worker.prefix_tails import Tails, tail_key
 
@@ -304,7 +305,10 @@ class PrefixCache:
 
     def capture_final(self, plan: PrefixPlan, caches: list[Any], tokens: list[int]) -> None:
         """At the end of a request (cache position == len(tokens)): its whole blocks, then
-        the tail after the last stored block, so the next turn resumes exactly here."""
+        the tail after the last stored block, so the next turn resumes exactly here. A
+        draft model's layers may hold fewer of the tokens (they catch up only when the
+        draft next drafts): then only what every layer holds is kept."""
+        tokens = tokens[:positions_held(caches, len(tokens))]
         if not self.enabled or not tokens:
             return
         self.capture(plan, caches, tokens, len(tokens))

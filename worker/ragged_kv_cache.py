@@ -84,11 +84,22 @@ class RaggedKVCache:
         self._written = 0
         self.offset = mx.array(self.lengths, dtype=mx.int32)
 
-    def extract(self, idx: int) -> KVCache:
+    def truncate(self, lengths: np.ndarray) -> None:
+        """Cut row `b` back to `lengths[b]` positions, anywhere at or below what it holds:
+        a draft model's layers give back drafts its several steps wrote (`rollback` gives
+        back only the last step's)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != self.lengths.shape or np.any(lengths < 0) or np.any(lengths > self.lengths):
+            raise ValueError(f"cannot cut rows of {self.lengths.tolist()} positions to {lengths.tolist()}")
+        self.lengths = lengths.copy()
+        self._written = 0
+        self.offset = mx.array(self.lengths, dtype=mx.int32)
+
+    def extract(self, idx: int, length: int | None = None) -> KVCache:
         """Row `idx` alone, as mlx-lm's single-sequence cache (what a finished request's
-        prefix is captured from)."""
+        prefix is captured from); its first `length` positions only, if given."""
         cache = KVCache()
-        n = int(self.lengths[idx])
+        n = int(self.lengths[idx]) if length is None else min(length, int(self.lengths[idx]))
         cache.keys = mx.contiguous(self.keys[idx:idx + 1, :, :n])
         cache.values = mx.contiguous(self.values[idx:idx + 1, :, :n])
         cache.offset = n

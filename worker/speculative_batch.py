@@ -13,6 +13,10 @@ kept only while it equals the argmax at the position before it, and the row's KV
 back the rejected positions (worker/ragged_kv_cache.py). So the tokens, their logprobs
 and the cache are what plain decoding produces, only sooner.
 
+A row drafts from prompt lookup when its text repeats, and otherwise, when the model has
+a draft model (worker/drafted_model.py) and the row may use it, from the draft model
+(worker/model_drafts.py), whose passes the planner counts into the step's cost.
+
 When nothing can be drafted the step is mlx-lm's own (pipelined: the next step is
 dispatched before this one's tokens are read). A row's draft is looked for first from
 the tokens already read; only when some row has one is the pending token read and the
@@ -22,6 +26,7 @@ wide step built, so free text that never matches keeps the plain step's overlap.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +36,7 @@ from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
 from worker.draft_planner import Acceptance, StepCost, best_width
+from worker.model_drafts import ModelDrafter
 from worker.prompt_lookup import DraftLength, PromptLookup
 from worker.ragged_kv_cache import RaggedKVCache
 from worker.sampling import RequestSampler, greedy
@@ -44,6 +50,12 @@ class RowDrafts:
     lookup: PromptLookup
     length: DraftLength = field(default_factory=DraftLength)
     acceptance: Acceptance = field(default_factory=Acceptance)
+    use_model: bool = False  # may draft from the draft model when the lookup finds nothing
+    model_acceptance: Acceptance = field(default_factory=Acceptance)
+
+    def record(self, from_model: bool, proposed: int, kept: int) -> None:
+        self.length.record(proposed, kept)
+        (self.model_acceptance if from_model else self.acceptance).record(proposed, kept)
 
 
 class SpeculativeBatch(GenerationBatch):
@@ -55,9 +67,14 @@ class SpeculativeBatch(GenerationBatch):
     consumes the drafts it keeps."""
 
     def __init__(self, *args: Any, eos_token_ids: list[int] = (), max_draft: int = 16,
-                 held: Callable[[int], Any] = lambda uid: None, **kwargs: Any) -> None:
+                 held: Callable[[int], Any] = lambda uid: None, drafter: ModelDrafter | None = None,
+                 **kwargs: Any) -> None:
         self._drafts: dict[int, RowDrafts] = {}
-        self._wanted: dict[int, DraftLength] = {}
+        self._wanted: dict[int, tuple[DraftLength, bool]] = {}
+        self.drafter = drafter
+        self._plain_at: tuple[float, int] | None = None  # when the last plain step began, and its rows
+        self._plain_gaps: deque[float] = deque(maxlen=5)
+        self._was_plain = True
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._max_draft = max_draft
         self._held = held
@@ -76,9 +93,10 @@ class SpeculativeBatch(GenerationBatch):
 
     # ------------------------------------------------------------ who speculates
 
-    def want(self, uid: int, length: DraftLength) -> None:
-        """`uid` (inserted, maybe not decoding yet) drafts when it can, `length` long."""
-        self._wanted[uid] = length
+    def want(self, uid: int, length: DraftLength, use_model: bool = False) -> None:
+        """`uid` (inserted, maybe not decoding yet) drafts when it can, `length` long;
+        `use_model`: from the draft model too, where the batch has one."""
+        self._wanted[uid] = (length, use_model and self.drafter is not None)
 
     def extend(self, batch: GenerationBatch) -> None:
         super().extend(batch)
@@ -86,7 +104,8 @@ class SpeculativeBatch(GenerationBatch):
                              for c in self.prompt_cache]
         for uid, tokens in zip(batch.uids, batch.tokens):
             if uid in self._wanted:
-                self._drafts[uid] = RowDrafts(PromptLookup(tokens), self._wanted[uid])
+                length, use_model = self._wanted[uid]
+                self._drafts[uid] = RowDrafts(PromptLookup(tokens), length, use_model=use_model)
 
     def filter(self, keep: list[int]) -> None:
         gone = set(self.uids) - {self.uids[i] for i in keep}
@@ -108,10 +127,11 @@ class SpeculativeBatch(GenerationBatch):
         """Drafts row `row` may still take: the step reports them all plus its token."""
         return max(0, min(self._max_draft, self.max_tokens[row] - self._num_tokens[row] - 1))
 
-    def _plan(self) -> dict[int, tuple[RowDrafts, int]] | None:
-        """The rows to draft for (row -> (its drafts, most tokens)), or None for a plain
-        step: judged before the pending token is read, from each row's draft as the
-        tokens already read predict it (`worker/draft_planner.py` weighs it)."""
+    def _plan(self) -> Plan | None:
+        """The rows to draft for and how, or None for a plain step: judged before the
+        pending token is read, from each row's lookup as the tokens already read predict
+        it, or from the draft model's record where the lookup finds nothing
+        (`worker/draft_planner.py` weighs it, the draft model's passes included)."""
         if not all(isinstance(c, RaggedKVCache) for c in self.prompt_cache):
             return None
         planned, rows = {}, []
@@ -125,46 +145,82 @@ class SpeculativeBatch(GenerationBatch):
                 grammar = self._held(self.uids[row])
                 seen = (len(predicted) if grammar is None else grammar.free_ahead(predicted)) - 1
             if seen > 0:
-                planned[row] = (drafts, limit)
-            rows.append((seen, drafts.acceptance.p) if seen > 0 else (0, 0.0))
-        if not planned or best_width(rows, self.cost) == 1:
+                planned[row] = (drafts, limit, False)
+                rows.append((seen, drafts.acceptance.p))
+            elif limit > 0 and drafts.use_model:
+                planned[row] = (drafts, limit, True)
+                rows.append((limit, drafts.model_acceptance.p))
+            else:
+                rows.append((0, 0.0))
+        if not planned:
             return None
-        return planned
+        extra = None
+        if any(from_model for _, _, from_model in planned.values()):
+            first = 1 + int(min(self.drafter.lags(self.prompt_cache).max(), self.drafter.catch_up))
+            extra = lambda width: self.drafter.seconds(len(rows), width, first)  # noqa: E731
+        width = best_width(rows, self.cost, extra=extra)
+        return Plan(planned, width) if width > 1 else None
 
     def _step(self) -> tuple[list[int], list[mx.array]]:
-        planned = self._plan()
-        if planned is None:
+        if self.drafter is None:
+            return self._either_step()
+        began = time.perf_counter()
+        if self._plain_at is not None and self._plain_at[1] == len(self.uids):
+            # a target-only step, timed from one to the next (pipelined: this is its
+            # compute): the cost the draft model's passes must beat. The least of the last
+            # few, as a prefill chunk between two steps lengthens the gap without them
+            self._plain_gaps.append(began - self._plain_at[0])
+            if len(self._plain_gaps) >= 3:
+                self.cost.record(len(self.uids), min(self._plain_gaps))
+        else:
+            self._plain_gaps.clear()
+        with self.drafter.drafted.target_only():
+            tokens, logprobs = self._either_step()
+        self._plain_at = (began, len(self.uids)) if self._was_plain else None
+        return tokens, logprobs
+
+    def _either_step(self) -> tuple[list[int], list[mx.array]]:
+        plan = self._plan()
+        self._was_plain = plan is None
+        if plan is None:
             tokens, logprobs = super()._step()
             self._reported = [[t] for t in tokens]
             self._reported_logprobs = [[lp] for lp in logprobs]
             return tokens, logprobs
-        return self._wide_step(planned)
+        return self._wide_step(plan)
 
-    def _proposals(self, pending: list[int], planned: dict[int, tuple[RowDrafts, int]]) -> list[list[int]]:
+    def _proposals(self, pending: list[int], plan: Plan) -> list[list[int]]:
         """Each row's drafts now that its pending token is known, cut to the width that
         pays best."""
+        planned = plan.rows
+        modelled = None
+        if any(from_model for _, _, from_model in planned.values()):
+            wanted = [min(planned[r][1], plan.width - 1) if r in planned and planned[r][2] and t not in self._eos
+                      else 0 for r, t in enumerate(pending)]
+            modelled = self.drafter.draft(self.prompt_cache, self.tokens, pending, wanted)
         proposals: list[list[int]] = []
         for row, token in enumerate(pending):
             proposal: list[int] = []
             if row in planned and token not in self._eos:  # nothing is drafted past an answer's end
-                drafts, limit = planned[row]
+                drafts, limit, from_model = planned[row]
                 drafts.lookup.extend([token])
-                proposal = _cut_at(drafts.lookup.propose(limit), self._eos)
+                proposal = _cut_at(modelled[row] if from_model else drafts.lookup.propose(limit), self._eos)
                 grammar = self._held(self.uids[row])
                 if grammar is not None:  # only as far as no draft needs a mask
                     proposal = proposal[:max(0, grammar.free_ahead([token] + proposal) - 1)]
             proposals.append(proposal)
-        rows = [(len(p), planned[row][0].acceptance.p) if p else (0, 0.0) for row, p in enumerate(proposals)]
-        width = best_width(rows, self.cost)
+        rows = [(len(p), _acceptance(planned[row])) if p else (0, 0.0) for row, p in enumerate(proposals)]
+        width = best_width(rows, self.cost)  # the draft passes are spent: only the verification counts
         return [p[:width - 1] for p in proposals]
 
-    def _wide_step(self, planned: dict[int, tuple[RowDrafts, int]]) -> tuple[list[int], list[mx.array]]:
+    def _wide_step(self, plan: Plan) -> tuple[list[int], list[mx.array]]:
         """Feed each row its pending token and its drafts, keep what the model agrees with."""
         current = self._next_tokens
         mx.eval(current, self._next_logprobs)
-        started = time.perf_counter()
         pending = current.tolist()
-        proposals = self._proposals(pending, planned)
+        proposals = self._proposals(pending, plan)
+        planned = plan.rows
+        started = time.perf_counter()
         width = 1 + max(len(p) for p in proposals)
         rows = [[t] + p + [t] * (width - 1 - len(p)) for t, p in zip(pending, proposals)]
         logits = self._processed(current, self.model(mx.array(rows, dtype=mx.uint32), cache=self.prompt_cache))
@@ -173,7 +229,7 @@ class SpeculativeBatch(GenerationBatch):
         mx.eval(best, logprobs)
         best_rows = best.tolist()
         self.cost.record(len(rows) * width, time.perf_counter() - started)
-        sampled, next_logprobs, rejected = [], [], []
+        sampled, next_logprobs, rejected, kept = [], [], [], []
         self._reported, self._reported_logprobs = [], []
         for row, (token, proposal) in enumerate(zip(pending, proposals)):
             sampler = (self.samplers[row] if self.samplers else None) or self.fallback_sampler
@@ -187,9 +243,9 @@ class SpeculativeBatch(GenerationBatch):
                 accepted = 0
                 sampled.append(sampler(logprobs[row, :1]))
             if proposal:
-                drafts = planned[row][0]
-                drafts.length.record(len(proposal), accepted)
-                drafts.acceptance.record(len(proposal), accepted)
+                drafts, _, from_model = planned[row]
+                drafts.record(from_model, len(proposal), accepted)
+            kept.append(accepted)
             fed = [token] + proposal[:accepted]
             grammar = self._held(self.uids[row]) if accepted else None
             if grammar is not None:  # it consumed the pending token in the forward pass; now the kept drafts
@@ -199,8 +255,13 @@ class SpeculativeBatch(GenerationBatch):
             self.tokens[row].extend(fed)
             rejected.append(width - len(fed))
             next_logprobs.append(logprobs[row, accepted])
-        for cache in self.prompt_cache:
-            cache.rollback(rejected)
+        if self.drafter is None:
+            for cache in self.prompt_cache:
+                cache.rollback(rejected)
+        else:
+            for cache in self.drafter.drafted.split(self.prompt_cache)[0]:
+                cache.rollback(rejected)
+            self.drafter.settle(self.prompt_cache, kept)
         self._current_tokens = current
         self._current_logprobs = self._next_logprobs
         self._next_tokens = mx.concatenate(sampled).astype(current.dtype)
@@ -253,6 +314,20 @@ class SpeculativeBatch(GenerationBatch):
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses
+
+
+@dataclass
+class Plan:
+    """A wide step's rows (row -> (its drafts, most tokens, drafted by the model)) and
+    the width the planner chose before any draft was made."""
+
+    rows: dict[int, tuple[RowDrafts, int, bool]]
+    width: int
+
+
+def _acceptance(planned: tuple[RowDrafts, int, bool]) -> float:
+    drafts, _, from_model = planned
+    return (drafts.model_acceptance if from_model else drafts.acceptance).p
 
 
 def kept_drafts(proposal: list[int], best: list[int]) -> int:

@@ -54,6 +54,19 @@ class ModelNames:
         pinned = sorted(self.pinned)
         return self.aliases.get(pinned[0], pinned[0]) if pinned else None
 
+    def draft_of(self, model_id: str) -> str | None:
+        """The model id of `model_id`'s draft model, if it has one; a 400 when that name
+        means no chat model here."""
+        name = self.config.settings_for(model_id).draft_model
+        if name is None:
+            return None
+        draft_id = self.aliases.get(name, name)
+        entry = self.registry.get(draft_id)
+        if entry is None or entry.kind != "chat":
+            raise RequestError(f"model '{model_id}' has draft_model '{name}', which is not a chat model here "
+                               f"(looked in {self.config.models_dir})", status=400, code="model_not_found")
+        return draft_id
+
     def startup_models(self) -> list[str]:
         """The model ids a start loads, in order: the command line's, then the pinned ones."""
         names = [*self.preload, *sorted(self.pinned - set(self.preload))]

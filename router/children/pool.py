@@ -207,6 +207,26 @@ class WorkerPool:
         self.last_used[model_id] = time.time()
         return await self.waits.until_ready(model_id)
 
+    async def _on_disk(self, model_id: str, loading: str) -> ModelEntry:
+        """`model_id`'s registry entry once its files are servable: a .gguf converted, a
+        catalog model fetched (`loading`'s state says which, meanwhile)."""
+        entry = self.registry[model_id]
+        if entry.needs_conversion:
+            self.states[loading] = "converting"
+            path = await asyncio.to_thread(convert_once, entry.path, self.config.models_dir)
+            entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
+        elif entry.needs_provision:
+            self.states[loading] = "provisioning"
+            try:
+                path = await asyncio.to_thread(provision, self.config.home, model_id, self.config.models_dir)
+            except ModelNotFound as exc:
+                raise RequestError(f"model '{model_id}' could not be fetched: {exc}", status=503,
+                                   error_type="server_error", code="model_unavailable") from None
+            finally:
+                self.states.pop(loading, None)
+            entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
+        return entry
+
     async def load(self, model_id: str) -> WorkerSupervisor:
         """Load `model_id` (if it is not), evicting idle unpinned models LRU-first until its
         estimated need fits the budget. Returns once its worker is ready."""
@@ -218,25 +238,15 @@ class WorkerPool:
                 await supervisor.stop()
                 del self.supervisors[model_id]
             entry = self.registry[model_id]
-            need = self.memory.need_bytes(entry)
+            draft_id = self.names.draft_of(model_id)
+            need = self.memory.need_bytes(entry) + (self.registry[draft_id].weights_bytes if draft_id else 0)
             self.memory.check_fits_alone(model_id, need)
             await self._make_room(model_id, need)
-            if entry.needs_conversion:
-                self.states[model_id] = "converting"
-                path = await asyncio.to_thread(convert_once, entry.path, self.config.models_dir)
-                entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
-            elif entry.needs_provision:
-                self.states[model_id] = "provisioning"
-                try:
-                    path = await asyncio.to_thread(provision, self.config.home, model_id, self.config.models_dir)
-                except ModelNotFound as exc:
-                    raise RequestError(f"model '{model_id}' could not be fetched: {exc}", status=503,
-                                       error_type="server_error", code="model_unavailable") from None
-                finally:
-                    self.states.pop(model_id, None)
-                entry = self.registry[model_id] = model_registry.entry_for(model_id, path, self.dequantize_all)
+            entry = await self._on_disk(model_id, model_id)
             supervisor = WorkerSupervisor(model_id, entry.path, self.config, self.client, self.worker_command,
                                           kind=entry.kind)
+            if draft_id is not None:
+                supervisor.draft_model_path = str((await self._on_disk(draft_id, model_id)).path)
             supervisor.on_restart = lambda: self.metrics.observe_restart("worker", model_id)
             supervisor.on_stats = lambda source, stats: self.metrics.observe_worker_stats(model_id, source, stats)
             if entry.kind == "chat":

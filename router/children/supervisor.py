@@ -53,6 +53,7 @@ class WorkerSupervisor(ChildSupervisor):
         super().__init__(model_id, f"worker for '{model_id}'", config, client)
         self.model_id = model_id
         self.kind = kind  # chat | embedding | reranker: sent in the handshake, picks the worker's loop
+        self.draft_model_path = ""  # its draft model's directory (loaded in the same worker), if any
         self.model_path = model_path
         self.worker_command = tuple(worker_command)
         self.ready: Ready | None = None
@@ -140,4 +141,5 @@ class WorkerSupervisor(ChildSupervisor):
     def _worker_config(self) -> WorkerConfig:
         return WorkerConfig(protocol_version=PROTOCOL_VERSION, model_id=self.model_id, model_path=str(self.model_path),
                             settings=self.config.worker, hot_tier_bytes=self.hot_tier_bytes,
-                            kvstore_address=self.kvstore_address, kind=self.kind)
+                            kvstore_address=self.kvstore_address, kind=self.kind,
+                            draft_model_path=self.draft_model_path)

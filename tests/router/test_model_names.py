@@ -131,3 +131,15 @@ def test_a_model_of_the_wrong_kind_is_a_400_naming_those_that_can(model_id: str,
         names().check_kind(model_id, kinds)
     assert (caught.value.status, caught.value.code, caught.value.message) == (400, "wrong_model_kind", message)
     names().check_kind(model_id, ("chat", "embedding", "reranker"))
+
+
+def test_a_draft_model_is_named_by_id_or_alias_and_must_be_a_chat_model_here() -> None:
+    models = {"qwen": {"draft_model": "mini"}, "smol": {"aliases": ["mini"], "draft_model": "minilm"},
+              "bge": {"draft_model": "gone"}}
+    table = names(models=models)
+    assert table.draft_of("qwen") == "smol"  # "mini" is smol's alias
+    assert table.draft_of("minilm") is None
+    for model_id in ("smol", "bge"):  # an embedding model; a name no model has
+        with pytest.raises(RequestError) as err:
+            table.draft_of(model_id)
+        assert err.value.status == 400 and "not a chat model here" in err.value.message

@@ -83,6 +83,21 @@ def test_a_rollback_of_more_than_was_written_is_refused() -> None:
         ragged.rollback([3])
 
 
+def test_truncate_cuts_rows_back_across_several_steps_and_no_further_than_they_hold() -> None:
+    rows = [_kv(2, 14), _kv(5, 15)]
+    ragged = RaggedKVCache.from_batch(_batch(rows))
+    steps = [_kv(1, 16 + i) for i in range(3)]  # three one-position steps, as a draft model drafts
+    for k, v in steps:
+        ragged.update_and_fetch(mx.concatenate([k, k]), mx.concatenate([v, v]))
+    ragged.truncate(np.array([3, 5]))  # row 0 keeps the first step's position, row 1 none of them
+    k0, _ = _row(ragged.extract(0))
+    assert k0.shape[2] == 3 and np.array_equal(k0[:, :, 2:], np.array(steps[0][0]))
+    assert np.array_equal(_row(ragged.extract(1))[0], np.array(rows[1][0]))
+    assert _row(ragged.extract(0, length=2))[0].shape[2] == 2  # a prefix of a row, for a lagging layer
+    with pytest.raises(ValueError):
+        ragged.truncate(np.array([4, 5]))  # row 0 holds 3 now
+
+
 def test_filter_and_extend_keep_rows_whole_across_capacities() -> None:
     first = RaggedKVCache.from_batch(_batch([_kv(3, 11), _kv(300, 12)]))  # 512 positions of room
     second_rows = [_kv(6, 13)]

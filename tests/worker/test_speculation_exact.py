@@ -99,7 +99,7 @@ result = {"plain_alone": run("off", False), "spec_alone": run("prompt_lookup", F
 # At 8 rows on this CPU a wide step seldom pays (worker/draft_planner.py), so the batch runs
 # with every step as wide as its longest draft: the mechanics under test, not the planner
 planner = speculative_batch.best_width
-speculative_batch.best_width = lambda rows, cost, most=17: min(most, 1 + max(n for n, _ in rows))
+speculative_batch.best_width = lambda rows, cost, most=17, extra=None: min(most, 1 + max(n for n, _ in rows))
 result["spec_batch"] = run("prompt_lookup", True)
 speculative_batch.best_width = planner
 speculative_batch.kept_drafts = lambda proposal, best: len(proposal)  # the negative control
