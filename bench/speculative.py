@@ -71,12 +71,13 @@ def free_prompt(topic: str) -> str:
     return f"Explain {topic}, in plain prose, for an experienced programmer."
 
 
-def workloads(batch: int) -> dict[str, list[str]]:
-    """workload name -> its prompts (batch 1: the first prompt; batch n: n prompts)."""
+def workloads(batch: int) -> dict[str, tuple[list[str], int]]:
+    """workload name -> (its prompts, how many are in flight at once). Batch 1 asks every
+    prompt, one after another (one answer alone swings by 10% from file to file)."""
     edits = [edit_prompt(*e) for e in EDITS]
     frees = [free_prompt(t) for t in TOPICS]
-    return {"edit_b1": edits[:1], "free_b1": frees[:1], f"edit_b{batch}": edits[:batch],
-            f"free_b{batch}": frees[:batch]}
+    return {"edit_b1": (edits, 1), "free_b1": (frees, 1), f"edit_b{batch}": (edits[:batch], batch),
+            f"free_b{batch}": (frees[:batch], batch)}
 
 
 def ask(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -98,9 +99,10 @@ def ask(client: httpx.Client, model: str, prompt: str, max_tokens: int) -> dict[
             "drafted": drafted, "kept": kept}
 
 
-def run_workload(base_url: str, model: str, prompts: list[str], max_tokens: int) -> dict[str, Any]:
+def run_workload(base_url: str, model: str, load: tuple[list[str], int], max_tokens: int) -> dict[str, Any]:
+    prompts, in_flight = load
     with httpx.Client(base_url=base_url, timeout=httpx.Timeout(3600.0)) as client, \
-            ThreadPoolExecutor(len(prompts)) as pool:
+            ThreadPoolExecutor(in_flight) as pool:
         started = time.perf_counter()
         answers = list(pool.map(lambda p: ask(client, model, p, max_tokens), prompts))
         wall = time.perf_counter() - started
@@ -110,13 +112,15 @@ def run_workload(base_url: str, model: str, prompts: list[str], max_tokens: int)
             "aggregate_tok_s": round(sum(a["tokens"] for a in answers) / wall, 2),
             "completion_tokens": [a["tokens"] for a in answers], "draft_tokens": drafted, "draft_accepted": kept,
             "acceptance": round(kept / drafted, 3) if drafted else None,
+            "per_request_tok_s": [round(r, 2) for r in rates],
             "texts": [a["text"] for a in answers]}
 
 
-def run_contender(base_url: str, model: str, loads: dict[str, list[str]], max_tokens: int) -> dict[str, Any]:
+def run_contender(base_url: str, model: str, loads: dict[str, tuple[list[str], int]],
+                  max_tokens: int) -> dict[str, Any]:
     out = {}
-    for name, prompts in loads.items():
-        out[name] = run_workload(base_url, model, prompts, max_tokens)
+    for name, load in loads.items():
+        out[name] = run_workload(base_url, model, load, max_tokens)
         log("%s %s: %s tok/s, acceptance %s", model, name, out[name]["decode_tok_s"], out[name]["acceptance"])
     return out
 
@@ -158,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                                         else "runs the target alone)"),
                                      "log": str(server.log_path)}
             results[f"mlxd_{arm}"] = {}
-        for i, (workload, prompts) in enumerate(loads.items()):  # arm after arm per workload, the order alternating
+        for i, (workload, load) in enumerate(loads.items()):  # arm after arm per workload, the order alternating
             for arm in list(MLXD_ARMS)[::1 if i % 2 == 0 else -1]:
-                figures = run_workload(server.base_url, f"{model_dir.name}:{arm}", prompts, args.max_tokens)
+                figures = run_workload(server.base_url, f"{model_dir.name}:{arm}", load, args.max_tokens)
                 results[f"mlxd_{arm}"][workload] = figures
                 log("mlxd %s %s: %s tok/s, acceptance %s", arm, workload, figures["decode_tok_s"],
                     figures["acceptance"])

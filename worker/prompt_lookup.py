@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from worker.draft_planner import MOST_DRAFTS
+
 
 class PromptLookup:
     """One sequence's context and its n-gram index."""
@@ -60,7 +62,7 @@ class DraftLength:
     rejection. Why: a verified token costs little while the proposal is right, but each
     rejected one was computed for nothing, and free text rejects nearly everything."""
 
-    def __init__(self, minimum: int = 1, maximum: int = 16, start: int = 4) -> None:
+    def __init__(self, minimum: int = 1, maximum: int = MOST_DRAFTS, start: int = 4) -> None:
         if not 1 <= minimum <= start <= maximum:
             raise ValueError(f"draft lengths must satisfy 1 <= min ({minimum}) <= start ({start}) <= max ({maximum})")
         self.minimum, self.maximum = minimum, maximum

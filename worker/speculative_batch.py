@@ -35,7 +35,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache
 
-from worker.draft_planner import Acceptance, StepCost, best_width
+from worker.draft_planner import MOST_DRAFTS, Acceptance, StepCost, best_width
 from worker.model_drafts import ModelDrafter
 from worker.prompt_lookup import DraftLength, PromptLookup
 from worker.ragged_kv_cache import RaggedKVCache
@@ -66,7 +66,7 @@ class SpeculativeBatch(GenerationBatch):
     says no mask is needed (a lazy call grammar before its trigger), and its grammar
     consumes the drafts it keeps."""
 
-    def __init__(self, *args: Any, eos_token_ids: list[int] = (), max_draft: int = 16,
+    def __init__(self, *args: Any, eos_token_ids: list[int] = (), max_draft: int = MOST_DRAFTS,
                  held: Callable[[int], Any] = lambda uid: None, drafter: ModelDrafter | None = None,
                  **kwargs: Any) -> None:
         self._drafts: dict[int, RowDrafts] = {}
@@ -197,14 +197,15 @@ class SpeculativeBatch(GenerationBatch):
         if any(from_model for _, _, from_model in planned.values()):
             wanted = [min(planned[r][1], plan.width - 1) if r in planned and planned[r][2] and t not in self._eos
                       else 0 for r, t in enumerate(pending)]
-            modelled = self.drafter.draft(self.prompt_cache, self.tokens, pending, wanted)
+            modelled = self.drafter.draft(self.prompt_cache, self.tokens, pending, wanted) if any(wanted) else None
         proposals: list[list[int]] = []
         for row, token in enumerate(pending):
             proposal: list[int] = []
             if row in planned and token not in self._eos:  # nothing is drafted past an answer's end
                 drafts, limit, from_model = planned[row]
                 drafts.lookup.extend([token])
-                proposal = _cut_at(modelled[row] if from_model else drafts.lookup.propose(limit), self._eos)
+                made = (modelled[row] if modelled else []) if from_model else drafts.lookup.propose(limit)
+                proposal = _cut_at(made, self._eos)
                 grammar = self._held(self.uids[row])
                 if grammar is not None:  # only as far as no draft needs a mask
                     proposal = proposal[:max(0, grammar.free_ahead([token] + proposal) - 1)]

@@ -33,16 +33,10 @@ from worker.blas import bind_fast_blas
 bind_fast_blas()
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from protocol.messages import AddRequest, ErrorEvent, FinishEvent, SamplingParams, TokenEvent
-from protocol.settings import WorkerSettings
-from router.tool_calls.lazy_grammar import lazy_call_constraint
-from router.tool_calls.request import ToolRequest, ToolSpec
+from tests.worker.speculation_runs import LAZY, run_asks
 from worker import draft_planner, speculative_batch
-from worker.call_budget import ZONE
 from worker.drafted_model import with_draft
-from worker.engine import Engine
 from worker.model_loader import load_for_serving
-from worker.prefix_cache import PrefixCache
 from worker.prompts import render_chat
 
 target = load_for_serving(sys.argv[1])
@@ -67,38 +61,12 @@ ASKS = [
     ("List the planets of the solar system.", {"stop": ["Saturn"]}),
     ("Write a haiku about the sea.", {"temperature": 0.8, "seed": 7}),
     ("Why is the sky blue?", {"logit_bias": {"13": -5.0}}),
-    ("Add type hints to this code:\n" + CODE, "lazy"),
+    ("Add type hints to this code:\n" + CODE, LAZY),
 ]
-LAZY = lazy_call_constraint("hermes", ToolRequest((ToolSpec("get_weather", {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),)))
 
 
-def run(loaded, speculation, together, cache=False, max_tokens=40):
-    events = []
-    settings = WorkerSettings(block_tokens=16, prefill_chunk_tokens=256, max_num_seqs=8, speculation=speculation)
-    prefix = PrefixCache(loaded.model, loaded.fingerprint, 16, 1 << 30, enabled=cache, cold=None)
-    engine = Engine(loaded, settings, events.append, prefix)
-    waves = [list(enumerate(ASKS))] if together else [[a] for a in enumerate(ASKS)]
-    for wave in waves:
-        for i, (text, extra) in wave:
-            lazy = extra == "lazy"
-            engine.add(AddRequest(f"r{i}", messages=[{"role": "user", "content": text}],
-                                  constraint=LAZY if lazy else None,
-                                  sampling=SamplingParams(**{"max_tokens": max_tokens + (ZONE if lazy else 0),
-                                                             "temperature": 0.0, **({} if lazy else extra)})))
-        while engine.has_work():
-            engine.step()
-    out = {}
-    for i in range(len(ASKS)):
-        rid = f"r{i}"
-        tokens = [e for e in events if isinstance(e, TokenEvent) and e.request_id == rid]
-        (finish,) = [e for e in events if isinstance(e, (FinishEvent, ErrorEvent)) and e.request_id == rid]
-        assert isinstance(finish, FinishEvent), finish
-        out[rid] = {"ids": [t for e in tokens for t in e.token_ids],
-                    "logprobs": [repr(e.logprobs) for e in tokens if e.logprobs is not None],
-                    "finish": finish.finish_reason, "drafted": finish.timings.draft_tokens,
-                    "kept": finish.timings.draft_accepted}
-    return out, prefix
+def run(loaded, speculation, together, cache=False):
+    return run_asks(loaded, ASKS, speculation, together, block_tokens=16, cache=cache)
 
 
 result = {"plain_alone": run(target, "off", False)[0], "spec_alone": run(both, "draft_model", False)[0],

@@ -25,15 +25,9 @@ SCENARIO = r"""
 import json, sys
 from worker.blas import bind_fast_blas
 bind_fast_blas()
-from protocol.messages import AddRequest, ErrorEvent, FinishEvent, SamplingParams, TokenEvent
-from protocol.settings import WorkerSettings
-from router.tool_calls.lazy_grammar import lazy_call_constraint
-from router.tool_calls.request import ToolRequest, ToolSpec
+from tests.worker.speculation_runs import LAZY, run_asks
 from worker import draft_planner, speculative_batch
-from worker.call_budget import ZONE  # the lazy row's last ZONE tokens draft nothing (a call there needs its budget)
-from worker.engine import Engine
 from worker.model_loader import load_for_serving
-from worker.prefix_cache import PrefixCache
 
 real = load_for_serving(sys.argv[1])
 # the planner's cost stays its prior (no step timed), so which steps widen depends on the
@@ -61,38 +55,12 @@ ASKS = [
     ("Repeat this code exactly:\n" + CODE, {"stop": ["return name"]}),
     ("Return this code with `load` renamed to `read`:\n" + CODE, {"logit_bias": {"13": -5.0}}),
     ("List the numbers from 1 to 30, comma separated.", {}),
-    ("Repeat this code exactly:\n" + CODE, "lazy"),  # held by the lazy call grammar (its prompt shows no tools)
+    ("Repeat this code exactly:\n" + CODE, LAZY),  # held by the lazy call grammar
 ]
-LAZY = lazy_call_constraint("hermes", ToolRequest((ToolSpec("get_weather", {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),)))
 
 
-def run(speculation, together, max_tokens=40):
-    events = []
-    settings = WorkerSettings(block_tokens=64, prefill_chunk_tokens=256, max_num_seqs=8, speculation=speculation)
-    engine = Engine(real, settings, events.append,
-                    PrefixCache(real.model, real.fingerprint, 64, 1 << 30, enabled=False, cold=None))
-    waves = [list(enumerate(ASKS))] if together else [[a] for a in enumerate(ASKS)]
-    for wave in waves:
-        for i, (text, extra) in wave:
-            lazy = extra == "lazy"
-            engine.add(AddRequest(f"r{i}", messages=[{"role": "user", "content": text}],
-                                  constraint=LAZY if lazy else None,
-                                  sampling=SamplingParams(**{"max_tokens": max_tokens + (ZONE if lazy else 0),
-                                                             "temperature": 0.0, **({} if lazy else extra)})))
-        while engine.has_work():
-            engine.step()
-    out = {}
-    for i in range(len(ASKS)):
-        rid = f"r{i}"
-        tokens = [e for e in events if isinstance(e, TokenEvent) and e.request_id == rid]
-        (finish,) = [e for e in events if isinstance(e, (FinishEvent, ErrorEvent)) and e.request_id == rid]
-        assert isinstance(finish, FinishEvent), finish
-        out[rid] = {"ids": [t for e in tokens for t in e.token_ids], "text": "".join(e.text for e in tokens),
-                    "logprobs": [repr(e.logprobs) for e in tokens if e.logprobs is not None],
-                    "finish": finish.finish_reason, "drafted": finish.timings.draft_tokens,
-                    "kept": finish.timings.draft_accepted}
-    return out
+def run(speculation, together):
+    return run_asks(real, ASKS, speculation, together)[0]
 
 
 result = {"plain_alone": run("off", False), "spec_alone": run("prompt_lookup", False), "plain_batch": run("off", True)}
