@@ -14,12 +14,11 @@ Per contender and workload: decode tok/s per stream (completion tokens after the
 over the server's own decode time: mlxd's `mlxd.timings.decode_s`, llama.cpp's
 `timings.predicted_ms`), draft tokens proposed and accepted, and whether every answer
 equals its server's plain answer token for token (`identical_to_plain`). mlxd's contenders
-are three profiles of one loaded model, the 1.5B with the 0.5B as its `draft_model`
-(`speculation = "off"`, `"prompt_lookup"` and `"draft_model"`: lookup where the text
-repeats, the draft model elsewhere; a plain step runs the target alone, so the draft costs
-the plain arm's decode nothing); each request's prompt is seen once by each (the prefix
-cache only shortens prefill, which the decode rate leaves out). One JSON object on stdout;
-progress on stderr.
+are two profiles of one loaded model (`speculation = "off"` and `"prompt_lookup"`), then
+on a second server the 1.5B with the 0.5B as its `draft_model` (`speculation =
+"draft_model"`: lookup where the text repeats, the draft model elsewhere); each request's
+prompt is seen once by each (the prefix cache only shortens prefill, which the decode
+rate leaves out). One JSON object on stdout; progress on stderr.
 """
 
 from __future__ import annotations
@@ -57,8 +56,10 @@ TOPICS = [
     "how a B-tree keeps itself balanced on insertion",
     "what makes floating-point addition non-associative",
 ]
-MLXD_ARMS = {"plain": "off", "prompt_lookup": "prompt_lookup",  # arm -> the profile's speculation
-             "draft_model": "draft_model"}
+# server -> its arms (arm -> the profile's speculation): the default setup, then the 1.5B
+# with the 0.5B as its draft model (whose KV every prefill computes too)
+MLXD_SERVERS = {"mlxd-speculative": {"plain": "off", "prompt_lookup": "prompt_lookup"},
+                "mlxd-draft-model": {"draft_model": "draft_model"}}
 
 
 def edit_prompt(path: str, old: str, new: str) -> str:
@@ -147,27 +148,25 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     setups: dict[str, Any] = {}
     config_dir = Path(tempfile.mkdtemp(prefix="mlxd-bench-speculative-"))
-    config = config_dir / "config.toml"
-    config.write_text(f'[models."{model_dir.name}"]\ndraft_model = "{DRAFT}"\n' + "".join(
-        f'[profiles."{model_dir.name}:{arm}"]\nspeculation = "{mode}"\n' for arm, mode in MLXD_ARMS.items()))
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(shutil.rmtree, config_dir, ignore_errors=True)
-        server = cleanup.enter_context(mlxd_server(model_dir, max_num_seqs=max(8, args.batch),
-                                                   extra_args=["--config", str(config), "--model-dir",
-                                                               str(model_dir.parent)], name="mlxd-speculative"))
-        for arm, mode in MLXD_ARMS.items():
-            setups[f"mlxd_{arm}"] = {**server.info, "model_dir": str(model_dir), "speculation": mode,
-                                     "draft_model": DRAFT + " (its KV prefilled beside the target's; decode "
-                                     + ("drafts from it where lookup finds nothing)" if mode == "draft_model"
-                                        else "runs the target alone)"),
-                                     "log": str(server.log_path)}
-            results[f"mlxd_{arm}"] = {}
-        for i, (workload, load) in enumerate(loads.items()):  # arm after arm per workload, the order alternating
-            for arm in list(MLXD_ARMS)[::1 if i % 2 == 0 else -1]:
-                figures = run_workload(server.base_url, f"{model_dir.name}:{arm}", load, args.max_tokens)
-                results[f"mlxd_{arm}"][workload] = figures
-                log("mlxd %s %s: %s tok/s, acceptance %s", arm, workload, figures["decode_tok_s"],
-                    figures["acceptance"])
+        for name, arms in MLXD_SERVERS.items():
+            drafted = "draft_model" in arms
+            config = config_dir / f"{name}.toml"
+            config.write_text((f'[models."{model_dir.name}"]\ndraft_model = "{DRAFT}"\n' if drafted else "") + "".join(
+                f'[profiles."{model_dir.name}:{arm}"]\nspeculation = "{mode}"\n' for arm, mode in arms.items()))
+            with mlxd_server(model_dir, max_num_seqs=max(8, args.batch), name=name,
+                             extra_args=["--config", str(config), "--model-dir", str(model_dir.parent)]) as server:
+                for arm, mode in arms.items():
+                    setups[f"mlxd_{arm}"] = {**server.info, "model_dir": str(model_dir), "speculation": mode,
+                                             "draft_model": DRAFT if drafted else None, "log": str(server.log_path)}
+                    results[f"mlxd_{arm}"] = {}
+                for i, (workload, load) in enumerate(loads.items()):  # arm after arm, the order alternating
+                    for arm in list(arms)[::1 if i % 2 == 0 else -1]:
+                        figures = run_workload(server.base_url, f"{model_dir.name}:{arm}", load, args.max_tokens)
+                        results[f"mlxd_{arm}"][workload] = figures
+                        log("mlxd %s %s: %s tok/s, acceptance %s", arm, workload, figures["decode_tok_s"],
+                            figures["acceptance"])
     if not args.skip_llamacpp:
         build = llamacpp_build_info(ensure_llama_server())
         target_gguf, draft_gguf = HOME / "downloads" / target.gguf_file, HOME / "downloads" / draft.gguf_file

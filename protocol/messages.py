@@ -90,6 +90,10 @@ class Ready(Message):
     # the chat template (or mlxd's fallback dialect) writes tools after the system text in
     # the system turn, so the stable_first layout moves them first (protocol.settings.layout_in_effect)
     tools_first: bool = False
+    # the reasoning span its chat template writes (worker.reasoning_template); "" if none
+    reasoning_open: str = ""
+    reasoning_close: str = ""
+    reasoning_opens_in_prompt: bool = False  # the generation prompt opens it: answers start inside
     kind: str = "chat"  # chat | embedding | reranker
     dimensions: int = 0  # an embedding model's vector size
 

@@ -14,6 +14,9 @@ back until it is decided, so a marker split across deltas never leaks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from protocol.messages import Ready
 
 REASONING = "reasoning"
 ANSWER = "answer"
@@ -26,6 +29,21 @@ class ReasoningMarkers:
     open: str = "<think>"
     close: str = "</think>"
     opens_in_prompt: bool = False
+
+
+def markers_of(ready: Ready) -> ReasoningMarkers | None:
+    """The reasoning span of the model a worker serves, or None for one that does not reason."""
+    if not ready.reasoning_open:
+        return None
+    return ReasoningMarkers(ready.reasoning_open, ready.reasoning_close, ready.reasoning_opens_in_prompt)
+
+
+def reasoning_info(ready: Ready) -> dict[str, Any] | None:
+    """The span as /v1/models and /admin/status report it (null: the model does not reason)."""
+    markers = markers_of(ready)
+    if markers is None:
+        return None
+    return {"open": markers.open, "close": markers.close, "opens_in_prompt": markers.opens_in_prompt}
 
 
 class ReasoningSplitter:
@@ -100,6 +118,37 @@ class ReasoningSplitter:
         if text:
             self.reasoning_chars += len(text)
             out.append((REASONING, text))
+
+
+class AnswerSplit:
+    """An answer's splitter, made at its first text from the request as its worker bound
+    it (`stream.request.reasoning`, None: nothing is reasoning); a request that waited for
+    its model started its answer before that worker was known."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._splitter: ReasoningSplitter | None = None
+        self._made = False
+
+    def feed(self, text: str) -> list[tuple[str, str]]:
+        splitter = self._made_splitter()
+        return splitter.feed(text) if splitter is not None else [(ANSWER, text)]
+
+    def finish(self) -> list[tuple[str, str]]:
+        splitter = self._made_splitter()
+        return splitter.finish() if splitter is not None else []
+
+    def _made_splitter(self) -> ReasoningSplitter | None:
+        if not self._made:
+            markers = getattr(getattr(self._stream, "request", None), "reasoning", None)
+            self._splitter = ReasoningSplitter(markers) if markers is not None else None
+            self._made = True
+        return self._splitter
+
+
+def joined(pieces: list[tuple[str, str]]) -> tuple[str, str]:
+    """(reasoning, answer) text of a whole answer's pieces."""
+    return ("".join(t for kind, t in pieces if kind == REASONING), "".join(t for kind, t in pieces if kind == ANSWER))
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -36,6 +36,7 @@ from router.profiles import Profile
 from router.children.supervisor import WorkerSupervisor
 from router.validation import ParsedRequest, bad, check_against_model
 from router.children.worker_client import RequestStream
+from router.reasoning_split import markers_of
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,8 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
         check_against_model(parsed, supervisor.ready)
         if dialect.bind is not None:
             parsed = dialect.bind(parsed, supervisor.ready)
+        if parsed.kind == "chat":
+            parsed = dataclasses.replace(parsed, reasoning=markers_of(supervisor.ready))
     memory: CallMemory | None = getattr(request.app.state, "call_memory", None)
     answer = None
     if memory is not None and parsed.add.messages is not None:

@@ -35,6 +35,8 @@ class ParsedRequest:
     context_limit: int | None = None  # the profile's prompt + output cap, also in `add`
     # the sampling parameters the client set, by their SamplingParams names: a profile fills the rest
     sent: frozenset[str] = frozenset()
+    # the reasoning span of the model its worker serves (router.reasoning_split), bound with the worker
+    reasoning: Any = None
 
 
 def bad(param: str | None, message: str, code: str | None = None) -> RequestError:

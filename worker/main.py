@@ -34,6 +34,7 @@ from protocol.messages import (
 from protocol.settings import layout_in_effect
 from worker.prompts import tools_go_first
 from worker.router_channel import RouterChannel
+from worker.reasoning_template import detect_reasoning
 from worker.tool_prompt import detect_tool_dialect, template_source
 
 if TYPE_CHECKING:
@@ -132,6 +133,10 @@ def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: L
     engine = Engine(loaded, settings, channel.send, prefix_cache, flush=channel.flush)
     tool_dialect = detect_tool_dialect(template_source(loaded.tokenizer))
     tools_first = tools_go_first(loaded.tokenizer)
+    reasoning = detect_reasoning(loaded.tokenizer) or ("", "", False)
+    if reasoning[0]:
+        log.info("the model reasons in %s ... %s (from the chat template)%s", reasoning[0], reasoning[1],
+                 "; the generation prompt opens the span" if reasoning[2] else "")
     log.info("tool calls in the %s dialect (from the chat template); prompts with tools laid out %s", tool_dialect,
              layout_in_effect(settings.prompt_layout, tools_first))
     channel.send(Ready(
@@ -154,6 +159,9 @@ def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: L
         max_token_chars=engine.max_token_chars,
         tool_dialect=tool_dialect,
         tools_first=tools_first,
+        reasoning_open=reasoning[0],
+        reasoning_close=reasoning[1],
+        reasoning_opens_in_prompt=reasoning[2],
     ))
     preparer = PromptPreparer(engine.questions.prepare, count=engine.questions.count_tokens)
     try:

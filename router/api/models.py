@@ -18,6 +18,7 @@ from router.api.openai_format import model_card
 from router.api.rerank import rerank_method
 from router.children.pool import WorkerPool
 from router.profiles import Profile
+from router.reasoning_split import reasoning_info
 
 
 def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
@@ -36,6 +37,7 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
         extra["context_length"] = supervisor.ready.context_length
         if kind == "chat":
             extra["tool_dialect"] = supervisor.ready.tool_dialect
+            extra["reasoning"] = reasoning_info(supervisor.ready)
             requested = (profile.prompt_layout if profile is not None else None) or pool.config.worker.prompt_layout
             extra["prompt_layout"] = layout_in_effect(requested, supervisor.ready.tools_first)
         if supervisor.ready.dimensions:

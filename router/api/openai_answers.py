@@ -35,6 +35,7 @@ from router.api.openai_format import (
     usage_chunk,
 )
 from router.api.openai_tool_calls import tool_call_answer
+from router.reasoning_split import REASONING, AnswerSplit, joined
 from router.http_errors import error_body, request_error_body, worker_dead_body
 from router.sse import DONE, KEEPALIVE, EventStreamResponse, KeepAliveTimer, sse_data
 from router.validation import ParsedRequest
@@ -64,13 +65,16 @@ async def _collect(parsed: ParsedRequest, stream: RequestStream) -> Response:
             if logprobs is not None:
                 logprobs.add(event.logprobs)
         elif isinstance(event, FinishEvent):
-            text, tools = "".join(texts), tool_call_answer(parsed, stream)
+            split = AnswerSplit(stream)
+            reasoning, text = joined(split.feed("".join(texts)) + split.finish())
+            tools = tool_call_answer(parsed, stream)
             content, tool_calls = tools.message(text) if tools is not None else (text, None)
             reason = tools.finish_reason(event.finish_reason) if tools is not None else event.finish_reason
             return JSONResponse(completion_body(parsed.kind, parsed.add.request_id, parsed.model, created,
                                                 content, reason, event.usage, event.timings, tool_calls,
                                                 take_logprobs(logprobs),
-                                                tool_report=tools.report if tools is not None else None))
+                                                tool_report=tools.report if tools is not None else None,
+                                                reasoning=reasoning or None))
         elif isinstance(event, ErrorEvent):
             raise event.to_error()
 
@@ -159,12 +163,25 @@ async def _start_event_stream(request: Request, parsed: ParsedRequest, stream: R
     return EventStreamResponse(_events(parsed, stream, first, keepalive_s), on_close=stream.abort)
 
 
+def _deltas(pieces: list[tuple[str, str]], tools: Any) -> list[dict[str, Any]]:
+    """The chunk deltas of split text: reasoning as itself, the answer through the
+    tool-call parser when the request offers tools."""
+    deltas: list[dict[str, Any]] = []
+    for kind, text in pieces:
+        if kind == REASONING:
+            deltas.append({"reasoning": text})
+        else:
+            deltas.extend(tools.feed(text) if tools is not None else [{"text": text}])
+    return deltas
+
+
 async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message | None,
                   keepalive_s: float) -> AsyncIterator[bytes]:
     """The SSE body: role chunk, content chunks, finish chunk, [usage chunk], [DONE]."""
     rid, model, kind, created = parsed.add.request_id, parsed.model, parsed.kind, int(time.time())
     include_usage = parsed.include_usage
     tools = tool_call_answer(parsed, stream)  # None: the text goes out as it comes
+    split = AnswerSplit(stream)  # the reasoning span goes out as reasoning_content
     logprobs = LogprobsFormatter.for_request(kind, parsed.add.sampling)  # None: not asked for
     timer = KeepAliveTimer(keepalive_s)
     if kind == "chat":
@@ -183,12 +200,14 @@ async def _events(parsed: ParsedRequest, stream: RequestStream, first: Message |
             if isinstance(event, TokenEvent) and logprobs is not None:
                 logprobs.add(event.logprobs)  # sent with the next chunk that has text, or the last
             if isinstance(event, TokenEvent) and event.text:
-                for delta in tools.feed(event.text) if tools is not None else [{"text": event.text}]:
+                for delta in _deltas(split.feed(event.text), tools):
                     yield sse_data(stream_chunk(kind, rid, model, created, include_usage=include_usage,
                                                 logprobs=take_logprobs(logprobs), **delta))
                     timer.wrote()
             elif isinstance(event, FinishEvent):
                 reason = event.finish_reason
+                for delta in _deltas(split.finish(), tools):
+                    yield sse_data(stream_chunk(kind, rid, model, created, include_usage=include_usage, **delta))
                 if tools is not None:
                     for delta in tools.finish():
                         yield sse_data(stream_chunk(kind, rid, model, created, include_usage=include_usage, **delta))

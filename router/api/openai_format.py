@@ -43,7 +43,7 @@ def _chunk(kind: str, request_id: str, model: str, created: int, choice: dict[st
 def stream_chunk(kind: str, request_id: str, model: str, created: int, *, text: str | None = None,
                  role: str | None = None, finish_reason: str | None = None,
                  include_usage: bool = False, tool_calls: list[dict[str, Any]] | None = None,
-                 logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                 logprobs: dict[str, Any] | None = None, reasoning: str | None = None) -> dict[str, Any]:
     """One streamed choice update: chat chunks carry a `delta`, text ones a `text`;
     `logprobs` (router.api.logprobs) those of the tokens it carries."""
     if kind == "chat":
@@ -52,6 +52,8 @@ def stream_chunk(kind: str, request_id: str, model: str, created: int, *, text: 
             delta["role"] = role
         if text is not None:
             delta["content"] = text
+        if reasoning is not None:  # the model's reasoning span, as DeepSeek's and vLLM's APIs carry it
+            delta["reasoning_content"] = reasoning
         if tool_calls is not None:
             delta["tool_calls"] = tool_calls
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -120,12 +122,14 @@ def misses_body(misses: CacheMisses | None) -> dict[str, Any]:
 def completion_body(kind: str, request_id: str, model: str, created: int, text: str | None,
                     finish_reason: str, usage: Usage, timings: Timings | None = None,
                     tool_calls: list[dict[str, Any]] | None = None,
-                    logprobs: dict[str, Any] | None = None, tool_report: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
+                    logprobs: dict[str, Any] | None = None, tool_report: dict[str, Any] | None = None,
+                    reasoning: str | None = None) -> dict[str, Any]:
     """A whole non-streamed answer: `chat.completion` or `text_completion`. A chat answer
     that is only tool calls has `content: null`, as OpenAI's."""
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if reasoning:
+            message["reasoning_content"] = reasoning
         if tool_calls:
             message["tool_calls"] = tool_calls
         choice: dict[str, Any] = {

@@ -26,6 +26,7 @@ from protocol.settings import layout_in_effect
 from router.children.child_supervisor import ChildStartupError, ChildSupervisor
 from router.config import RouterConfig
 from router.children.worker_client import RequestStream, StreamRequest, WorkerClient
+from router.reasoning_split import reasoning_info
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class WorkerSupervisor(ChildSupervisor):
             info["kind"] = self.ready.kind
             if self.ready.kind == "chat":
                 info["tool_dialect"] = self.ready.tool_dialect
+                info["reasoning"] = reasoning_info(self.ready)
                 info["prompt_layout"] = layout_in_effect(self.config.worker.prompt_layout, self.ready.tools_first)
             if self.ready.dimensions:
                 info["dimensions"] = self.ready.dimensions

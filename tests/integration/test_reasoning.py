@@ -1,0 +1,69 @@
+"""Reasoning in OpenAI chat's own field, on the real service: a tiny random model whose
+chat template opens a `<think>` span in the generation prompt (as DeepSeek-R1's does)
+answers inside that span, so all its text is reasoning. It arrives as `reasoning_content`,
+streamed and not (the same text both ways), never as `content`, and it is exactly the text
+the model generated (the same prompt through /v1/completions, which splits nothing). The
+worker reports the span in /v1/models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.service import Service, running_service
+from tests.integration.test_pool import make_tiny_dir
+
+pytestmark = pytest.mark.timeout(600)
+
+MODEL = "tiny-reasoner"
+# SmolLM2's template, its generation prompt opening the reasoning span
+TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+            "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n' }}"
+            "{% endif %}{# a reasoning model: its span closes with </think> #}")
+ASK = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(scope="module")
+def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    models = tmp_path_factory.mktemp("models")
+    target = make_tiny_dir(models / MODEL, default_model_dir)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    config["chat_template"] = TEMPLATE
+    (target / "tokenizer_config.json").write_text(json.dumps(config))
+    home = tmp_path_factory.mktemp("home")
+    with running_service(["--model-dir", str(models), "--model", MODEL, "--no-cold-tier"], home) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def client(service: Service) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{service.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_model_list_reports_the_span(service: Service) -> None:
+    (card,) = [m for m in httpx.get(f"{service.base_url}/v1/models").json()["data"] if m["id"] == MODEL]
+    assert card["reasoning"] == {"open": "<think>", "close": "</think>", "opens_in_prompt": True}
+
+
+def test_reasoning_travels_as_reasoning_content_streamed_or_not(client: openai.OpenAI, service: Service) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0)
+    message = whole.choices[0].message
+    reasoning = message.model_extra["reasoning_content"]
+    assert reasoning and not message.content
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
+                                                 stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == reasoning
+    assert not "".join(d.content or "" for d in deltas)
+    assert sum(1 for d in deltas if (d.model_extra or {}).get("reasoning_content")) > 1  # streamed as generated
+
+    rendered = f"<|im_start|>user\n{ASK[0]['content']}<|im_end|>\n<|im_start|>assistant\n<think>\n"  # TEMPLATE's
+    raw = httpx.post(f"{service.base_url}/v1/completions", json={
+        "model": MODEL, "prompt": rendered, "max_tokens": 24, "temperature": 0}, timeout=120).json()
+    assert raw["choices"][0]["text"] == reasoning  # moved to its field whole: nothing lost, nothing added
