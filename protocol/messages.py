@@ -214,6 +214,7 @@ class AddRequest(Message):
     prompt_layout: str | None = None
     # the model's or profile's speculation (protocol.settings.SPECULATIONS); None: the worker's setting
     speculation: str | None = None
+    reasoning_budget: int | None = None  # most reasoning tokens before the worker closes the span; None: any
 
 
 @dataclass

@@ -81,8 +81,11 @@ class Profile:
         None, "with tool_choice auto, hold a call to the tools once the model opens it (see the model setting of "
         "that name; default: the model's)")
     speculation: str | None = setting(
-        None, "off or prompt_lookup: this profile's speculative decoding (see the worker setting of that name; "
-        "default: the model's, else the service's)")
+        None, "off, prompt_lookup or draft_model: this profile's speculative decoding (see the worker setting of "
+        "that name; default: the model's, else the service's)")
+    reasoning_budget: int | None = setting(
+        None, "most tokens a reasoning model may think in requests that set no budget of their own (Anthropic "
+        "thinking.budget_tokens, OpenAI reasoning_effort); then the worker closes the span and the model answers")
 
     def __post_init__(self) -> None:
         normalize_fields(self)
@@ -120,6 +123,8 @@ def check_profile(name: str, profile: Profile) -> None:
         raise ConfigError(f"{where}.{exc.param}", exc.message) from None
     if profile.max_output_tokens is not None and profile.max_output_tokens < 1:
         raise ConfigError(f"{where}.max_output_tokens", f"must be >= 1, got {profile.max_output_tokens}")
+    if profile.reasoning_budget is not None and profile.reasoning_budget < 0:
+        raise ConfigError(f"{where}.reasoning_budget", f"must be >= 0, got {profile.reasoning_budget}")
     if profile.context_limit is not None:
         if profile.context_limit < 2:
             raise ConfigError(f"{where}.context_limit", f"must be >= 2 (a prompt and an answer), got {profile.context_limit}")
@@ -158,5 +163,7 @@ def with_profile(parsed: Parsed, profile: Profile | None) -> Parsed:
                        for b in breakpoints]
     add = dataclasses.replace(add, sampling=dataclasses.replace(add.sampling, **changes), messages=messages,
                               cache_breakpoints=breakpoints, context_limit=profile.context_limit,
-                              prompt_layout=profile.prompt_layout)
+                              prompt_layout=profile.prompt_layout,
+                              reasoning_budget=(add.reasoning_budget if add.reasoning_budget is not None
+                                                else profile.reasoning_budget))
     return dataclasses.replace(parsed, add=add, context_limit=profile.context_limit)

@@ -51,7 +51,7 @@ class ReasoningSplitter:
 
     def __init__(self, markers: ReasoningMarkers) -> None:
         self._markers = markers
-        self._state = "inside" if markers.opens_in_prompt else "start"
+        self._state = "opened" if markers.opens_in_prompt else "start"
         self._held = ""
         self.reasoning_chars = 0  # how much reasoning text went out
 

@@ -149,7 +149,7 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
         check_against_model(parsed, supervisor.ready)
         if dialect.bind is not None:
             parsed = dialect.bind(parsed, supervisor.ready)
-        if parsed.kind == "chat":
+        if parsed.kind != "text":
             parsed = dataclasses.replace(parsed, reasoning=markers_of(supervisor.ready))
     memory: CallMemory | None = getattr(request.app.state, "call_memory", None)
     answer = None

@@ -27,6 +27,8 @@ from worker.miss_reasons import explain
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
+from worker.reasoning_budget import ReasoningBudget
+from worker.reasoning_template import detect_reasoning
 from worker.request_limits import check_logit_bias, check_prompt_cap, context_window, max_new_tokens
 from worker.sampling import RequestSampler, greedy, make_request_processors, make_request_sampler
 from worker.vocabulary import TokenVocabulary
@@ -68,6 +70,7 @@ class Admitter:
         self._grammar_batch = grammar_batch
         self._vocabulary = TokenVocabulary(tokenizer, vocab_size, eos_token_ids)
         self._grammars = GrammarCompiler(self._vocabulary)
+        self._reasoning = detect_reasoning(tokenizer)  # (open, close, opens in prompt), or None
         self._vocab_size = vocab_size
         self._context_length = context_length
         self._max_token_chars = max_token_chars
@@ -192,6 +195,8 @@ class Admitter:
         check_logit_bias(request, self._vocab_size)
         sampler = make_request_sampler(request.sampling, self._vocab_size)
         processors = make_request_processors(request.sampling, len(prompt_ids))
+        if request.reasoning_budget is not None and self._reasoning is not None:
+            processors.append(ReasoningBudget(self._tokenizer, *self._reasoning, budget=request.reasoning_budget))
         matcher = prepared.matcher if prepared is not None else self._compile(request)
         grammar = self._grammar(request, matcher, len(prompt_ids), max_tokens)
         if grammar is not None:

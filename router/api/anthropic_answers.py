@@ -11,6 +11,7 @@ aborts the request at the worker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ from protocol.messages import (
 from router.api.anthropic_errors import stream_error_body
 from router.api.openai_answers import answer_whole
 from router.api.openai_tool_calls import answer_parser
+from router.reasoning_split import ANSWER, REASONING, AnswerSplit
 from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import (
     ArgumentsDelta,
@@ -95,8 +97,9 @@ class ContentBlocks:
     that was started is stopped by `finish`; a tool_use block's `input` is an object.
     """
 
-    def __init__(self, parser: ToolCallParser | LateParser | None) -> None:
+    def __init__(self, parser: ToolCallParser | LateParser | None, split: AnswerSplit | None = None) -> None:
         self._parser = parser  # None: no tools offered, all text is text
+        self._split = split  # None: nothing is reasoning
         self.content: list[dict[str, Any]] = []
         self._open: str | None = None  # type of the open block
         self._arguments = ""  # the open tool_use block's input, as JSON text so far
@@ -114,8 +117,26 @@ class ContentBlocks:
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The events `text`, the answer's next piece, settles."""
-        events = self._parser.feed(text) if self._parser is not None else [TextDelta(text)]
-        return self._translate(events)
+        return self._pieces(self._split.feed(text) if self._split is not None else [(ANSWER, text)])
+
+    def _pieces(self, pieces: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Reasoning into a thinking block; the answer through the tool-call parser."""
+        out: list[dict[str, Any]] = []
+        for kind, text in pieces:
+            if kind == REASONING:
+                out += self._thinking(text)
+            else:
+                out += self._translate(self._parser.feed(text) if self._parser is not None else [TextDelta(text)])
+        return out
+
+    def _thinking(self, text: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self._open != "thinking":
+            out += self._close()
+            out.append(self._start({"type": "thinking", "thinking": "", "signature": ""}))
+        self.content[-1]["thinking"] += text
+        out.append(self._delta({"type": "thinking_delta", "thinking": text}))
+        return out
 
     def keepalive(self) -> list[dict[str, Any]]:
         """Events that change no answer but count as stream activity: an empty delta to the
@@ -130,11 +151,14 @@ class ContentBlocks:
             return [self._start({"type": "text", "text": ""})]
         if self._open == "tool_use":
             return [self._delta({"type": "input_json_delta", "partial_json": ""})]
+        if self._open == "thinking":
+            return [self._delta({"type": "thinking_delta", "thinking": ""})]
         return [self._delta({"type": "text_delta", "text": ""})]
 
     def finish(self) -> list[dict[str, Any]]:
         """The events still held at the end of the answer, and the last block's stop."""
-        out = self._translate(self._parser.finish()) if self._parser is not None else []
+        out = self._pieces(self._split.finish()) if self._split is not None else []
+        out += self._translate(self._parser.finish()) if self._parser is not None else []
         return out + self._close()
 
     def _translate(self, events: list[Event]) -> list[dict[str, Any]]:
@@ -168,10 +192,21 @@ class ContentBlocks:
     def _close(self) -> list[dict[str, Any]]:
         if self._open is None:
             return []
+        out = []
         if self._open == "tool_use":
             self.content[-1]["input"] = _input_object(self._arguments)
+        elif self._open == "thinking":  # the block's signature, sent last as Anthropic's is
+            self.content[-1]["signature"] = thinking_signature(self.content[-1]["thinking"])
+            out.append(self._delta({"type": "signature_delta", "signature": self.content[-1]["signature"]}))
         self._open = None
-        return [{"type": "content_block_stop", "index": len(self.content) - 1}]
+        return out + [{"type": "content_block_stop", "index": len(self.content) - 1}]
+
+
+def thinking_signature(thinking: str) -> str:
+    """A thinking block's `signature`: Anthropic's proves the block came from its model;
+    mlxd's is a digest of the text (clients send it back unchanged and mlxd re-reads the
+    history's reasoning as the model wrote it, not by signature)."""
+    return "mlxd-" + hashlib.blake2b(thinking.encode(), digest_size=16).hexdigest()
 
 
 def _input_object(arguments: str) -> dict[str, Any]:
@@ -189,7 +224,7 @@ def _input_object(arguments: str) -> dict[str, Any]:
 
 def _content_blocks(parsed: ParsedRequest, stream: RequestStream) -> ContentBlocks:
     tools = getattr(parsed, "tools", None)
-    return ContentBlocks(answer_parser(parsed, stream) if tools is not None else None)
+    return ContentBlocks(answer_parser(parsed, stream) if tools is not None else None, AnswerSplit(stream))
 
 
 def stop_reason(finish: FinishEvent, blocks: ContentBlocks) -> tuple[str, str | None]:

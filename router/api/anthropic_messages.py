@@ -36,6 +36,7 @@ from router.profiles import Profile, sent_parameters, with_profile
 from router.tool_calls import AUTO, FUNCTION, NONE, REQUIRED
 from router.tool_calls.offer import OfferedTool, ToolChoice, offer_tools
 from router.requests import Dialect, model_name, stream
+from router.reasoning_request import anthropic_budget
 from router.validation import (
     MAX_STOP_STRINGS,
     MAX_TOKENS_LIMIT,
@@ -354,8 +355,8 @@ def _sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
 
 def parse(body: dict[str, Any], profile: Profile | None = None, *,
           normalize_billing_header: bool = True) -> ParsedRequest:
-    """The Messages body -> what to send the worker. `thinking` (any form) and `metadata`
-    are accepted and have no effect: these models do not think on request."""
+    """The Messages body -> what to send the worker. `thinking` sets a reasoning model's
+    budget (router.reasoning_request); `metadata` is accepted and has no effect."""
     note_unknown_fields("messages", body, ANTHROPIC_MESSAGES_FIELDS)
     stream = flag(body, "stream")
     reader, points = BreakpointReader(), []
@@ -375,6 +376,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *,
         continue_final_message=bool(prefill),
         # Anthropic's cache order: tools, system, messages (tools dropped with tool_choice none: no point)
         cache_breakpoints=(points if tools else []) + message_points,
+        reasoning_budget=anthropic_budget(body),
     )
     parsed = MessagesRequest("chat", model_name(body), add, stream, False, sent=sent_parameters(body, SAMPLING_NAMES),
                              tools=tool_request, prefill=prefill)

@@ -20,6 +20,7 @@ from router.api.unknown_fields import OPENAI_CHAT_FIELDS, note_unknown_fields
 from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import ParsedRequest, bad, parse_sampling, short
+from router.reasoning_request import effort_budget
 
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -123,6 +124,7 @@ def parse(body: dict[str, Any], profile: Profile | None = None) -> ParsedRequest
         cache_salt=cache_salt(body),
         want_progress=wants_progress(body),
         constraint=parse_response_format(body),
+        reasoning_budget=effort_budget(body.get("reasoning_effort"), "reasoning_effort"),
     )
     parsed = ChatRequest("chat", model_name(body), add, stream, include_usage,
                          sent=sent_parameters(body, OPENAI_SAMPLING_NAMES), tools=tool_request)

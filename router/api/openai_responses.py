@@ -34,6 +34,7 @@ from router.api.unknown_fields import note_unknown_fields
 from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import MAX_TOKENS_LIMIT, bad, flag, integer, optional_str, parse_sampling, short
+from router.reasoning_request import responses_budget
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +300,8 @@ def parse(body: dict[str, Any], profile: Profile | None = None, *, store: Respon
     constraint, text = _text_format(body)
     response_id = f"resp_{uuid.uuid4().hex}"
     add = AddRequest(request_id=response_id, messages=[*first, *conversation], tools=tools,
-                     sampling=parse_sampling(chat_body), cache_salt=cache_salt(body), constraint=constraint)
+                     sampling=parse_sampling(chat_body), cache_salt=cache_salt(body), constraint=constraint,
+                     reasoning_budget=responses_budget(body))
     parsed = with_profile(ResponsesRequest(
         "responses", model_name(body), add, stream, True, sent=sent_parameters(body, SAMPLING_NAMES),
         tools=tool_request, response_id=response_id, conversation=tuple(conversation), store=keep,

@@ -24,6 +24,7 @@ from protocol.messages import ErrorEvent, FinishEvent, TokenEvent, Usage
 from router.api.openai_answers import answer_whole
 from router.api.openai_tool_calls import ChatRequest, answer_parser
 from router.api.response_store import ResponseStore, StoredResponse
+from router.reasoning_split import ANSWER, REASONING, AnswerSplit
 from router.sse import EventStreamResponse, KeepAliveTimer, sse_event
 from router.tool_calls import ArgumentsDelta, CallEnd, CallStart, Event, TextDelta, ToolCallParser
 from router.tool_calls.late_parser import LateParser
@@ -73,9 +74,12 @@ class OutputAssembler:
     clients that read the first message's text always find one.
     """
 
-    def __init__(self, parsed: ResponsesRequest, parser: ToolCallParser | LateParser | None) -> None:
+    def __init__(self, parsed: ResponsesRequest, parser: ToolCallParser | LateParser | None,
+                 split: AnswerSplit | None = None) -> None:
         self._parsed = parsed
         self._parser = parser  # None: no tools, all text is message text
+        self._split = split  # None: nothing is reasoning
+        self._open_reasoning: list[str] | None = None  # the open reasoning item's text pieces
         self.created_at = int(time.time())
         self.items: list[dict[str, Any]] = []
         self._open_text: list[str] | None = None  # the open message's text pieces
@@ -128,16 +132,48 @@ class OutputAssembler:
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The events the next piece of the answer settles."""
-        if self._parser is None:
-            return self._apply([TextDelta(text)])
-        return self._apply(self._parser.feed(text))
+        return self._pieces(self._split.feed(text) if self._split is not None else [(ANSWER, text)])
+
+    def _pieces(self, pieces: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        """Reasoning into a `reasoning` item; the answer through the tool-call parser."""
+        events: list[dict[str, Any]] = []
+        for kind, text in pieces:
+            if kind == REASONING:
+                events += self._reasoning(text)
+            else:
+                events += self._close_reasoning()
+                events += self._apply(self._parser.feed(text) if self._parser is not None else [TextDelta(text)])
+        return events
+
+    def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._open_reasoning is None:
+            item = {"type": "reasoning", "id": _new_id("rs"), "summary": [], "status": "in_progress"}
+            self.items.append(item)
+            self._open_reasoning = []
+            events.append(self._event("response.output_item.added", output_index=len(self.items) - 1,
+                                      item=dict(item)))
+        self._open_reasoning.append(text)
+        events.append(self._event("response.reasoning_text.delta", **self._text_place(), delta=text))
+        return events
+
+    def _close_reasoning(self, status: str = "completed") -> list[dict[str, Any]]:
+        if self._open_reasoning is None:
+            return []
+        text, self._open_reasoning = "".join(self._open_reasoning), None
+        item = self.items[-1]
+        item.update(status=status, content=[{"type": "reasoning_text", "text": text}])
+        return [self._event("response.reasoning_text.done", **self._text_place(), text=text),
+                self._event("response.output_item.done", output_index=len(self.items) - 1, item=dict(item))]
 
     def finish(self, finish: FinishEvent) -> list[dict[str, Any]]:
         """The events that close the answer, the last one `response.completed` (or
         `response.incomplete` when the answer was cut at its token limit)."""
-        events = self._apply(self._parser.finish()) if self._parser is not None else []
+        events = self._pieces(self._split.finish()) if self._split is not None else []
+        events += self._apply(self._parser.finish()) if self._parser is not None else []
         cut = finish.finish_reason == "length"
-        if not self.items:
+        events += self._close_reasoning("incomplete" if cut else "completed")
+        if not any(item["type"] != "reasoning" for item in self.items):
             events += self._open_message()
         events += self._close_message("incomplete" if cut else "completed")
         if cut:
@@ -232,7 +268,7 @@ class OutputAssembler:
 
 def _assembler(parsed: ParsedRequest, stream: RequestStream) -> OutputAssembler:
     assert isinstance(parsed, ResponsesRequest)
-    return OutputAssembler(parsed, answer_parser(parsed, stream) if parsed.tools else None)
+    return OutputAssembler(parsed, answer_parser(parsed, stream) if parsed.tools else None, AnswerSplit(stream))
 
 
 def _remember(store: ResponseStore, parsed: ResponsesRequest, answer: OutputAssembler) -> None:

@@ -20,7 +20,7 @@ OPENAI_CHAT_FIELDS = frozenset({
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
     "seed", "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
     "top_logprobs", "stream", "stream_options", "tools", "tool_choice", "parallel_tool_calls", "response_format",
-    "user", "cache_salt", "mlxd",
+    "user", "cache_salt", "mlxd", "reasoning_effort",
 })
 OPENAI_COMPLETION_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n",

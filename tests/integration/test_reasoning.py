@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -26,6 +27,7 @@ TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + 
             "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n<think>\n' }}"
             "{% endif %}{# a reasoning model: its span closes with </think> #}")
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
+GREEDY = {"temperature": 0}  # the anthropic SDK's types leave temperature out here
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +69,55 @@ def test_reasoning_travels_as_reasoning_content_streamed_or_not(client: openai.O
     raw = httpx.post(f"{service.base_url}/v1/completions", json={
         "model": MODEL, "prompt": rendered, "max_tokens": 24, "temperature": 0}, timeout=120).json()
     assert raw["choices"][0]["text"] == reasoning  # moved to its field whole: nothing lost, nothing added
+
+
+def test_anthropic_gets_a_thinking_block_with_a_signature_streamed_or_not(client: openai.OpenAI,
+                                                                          service: Service) -> None:
+    reasoning = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0) \
+        .choices[0].message.model_extra["reasoning_content"]
+    anthropic_client = anthropic.Anthropic(base_url=service.base_url, api_key="unused", max_retries=0, timeout=120)
+    message = anthropic_client.messages.create(model=MODEL, messages=ASK, max_tokens=24, extra_body=GREEDY)
+    (block,) = message.content  # all of it reasoning: one thinking block, no text
+    assert block.type == "thinking" and block.thinking == reasoning and block.signature.startswith("mlxd-")
+
+    with anthropic_client.messages.stream(model=MODEL, messages=ASK, max_tokens=24, extra_body=GREEDY) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert "".join(d.thinking for d in deltas if d.type == "thinking_delta") == reasoning
+    assert [d.signature for d in deltas if d.type == "signature_delta"] == [block.signature]
+    assert [b.model_dump() for b in final.content] == [block.model_dump()]
+
+
+def test_responses_carry_it_as_a_reasoning_item_streamed_or_not(client: openai.OpenAI) -> None:
+    reasoning = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0) \
+        .choices[0].message.model_extra["reasoning_content"]
+    response = client.responses.create(model=MODEL, input=ASK[0]["content"], max_output_tokens=24, temperature=0)
+    kinds = [item.type for item in response.output]
+    assert kinds == ["reasoning", "message"]  # all of it reasoning; the message is empty, never the span
+    assert response.output[0].content[0].text == reasoning and response.output_text == ""
+
+    events = list(client.responses.create(model=MODEL, input=ASK[0]["content"], max_output_tokens=24,
+                                          temperature=0, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning
+    assert not [e for e in events if e.type == "response.output_text.delta" and e.delta]
+    final = events[-1].response
+    assert [item.type for item in final.output] == kinds and final.output[0].content[0].text == reasoning
+
+
+def test_a_budget_closes_the_span_and_the_model_answers(client: openai.OpenAI, service: Service) -> None:
+    full = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0) \
+        .choices[0].message.model_extra["reasoning_content"]
+    anthropic_client = anthropic.Anthropic(base_url=service.base_url, api_key="unused", max_retries=0, timeout=120)
+    message = anthropic_client.messages.create(model=MODEL, messages=ASK, max_tokens=24, extra_body=GREEDY,
+                                               thinking={"type": "enabled", "budget_tokens": 5})
+    thinking, text = message.content
+    assert thinking.type == "thinking" and text.type == "text" and text.text
+    assert full.startswith(thinking.thinking.rstrip()) and len(thinking.thinking.rstrip()) < len(full)
+    assert "</think>" not in text.text  # the server closed the span; the answer is what followed
+
+    none = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
+                                          reasoning_effort="minimal")  # a budget of 0: no reasoning at all
+    assert not none.choices[0].message.model_extra.get("reasoning_content") and none.choices[0].message.content
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, reasoning_effort="extreme")

@@ -201,6 +201,7 @@ def test_tables_are_parsed(tmp_path: Path) -> None:
     ('[profiles."smol:coder"]\nmax_tokens = 0', 'profiles."smol:coder".max_tokens', "must be >= 1"),
     ('[profiles."smol:coder"]\nstop = [1]', 'profiles."smol:coder".stop', "expected a list of strings"),
     ('[profiles."smol:coder"]\nsystem_prompt = 5', 'profiles."smol:coder".system_prompt', "expected a string"),
+    ('[profiles."smol:coder"]\nreasoning_budget = -1', 'profiles."smol:coder".reasoning_budget', "must be >= 0"),
     ('[profiles."smol:coder"]\ncontext_limit = 100\nmax_tokens = 100', 'profiles."smol:coder".max_tokens',
      "less than context_limit (100)"),
     ('[profiles."smol:coder"]\ncontext_limit = 1', 'profiles."smol:coder".context_limit', "must be >= 2"),

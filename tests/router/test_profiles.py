@@ -168,3 +168,16 @@ def test_the_profiles_prompt_layout_crosses_the_wire(parse: Any, body: dict[str,
     message, _ = decode(encode(add))
     assert isinstance(message, AddRequest) and message.prompt_layout == "template"
     assert parse(body, None).add.prompt_layout is None
+
+
+def test_a_profiles_reasoning_budget_fills_in_and_each_apis_own_field_wins() -> None:
+    profile = Profile(reasoning_budget=300)
+    messages = {"model": "smol:think", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_chat_request(CHAT, profile).add.reasoning_budget == 300
+    assert parse_chat_request({**CHAT, "reasoning_effort": "low"}, profile).add.reasoning_budget == 1024
+    assert parse_messages_request({**messages, "thinking": {"type": "enabled", "budget_tokens": 40}},
+                                  profile).add.reasoning_budget == 40
+    assert parse_messages_request({**messages, "thinking": {"type": "disabled"}}, profile).add.reasoning_budget == 0
+    assert parse_messages_request(messages, None).add.reasoning_budget is None
+    responses = {"model": "smol", "input": "hi", "reasoning": {"effort": "high"}}
+    assert parse_responses_request(responses, None, store=ResponseStore()).add.reasoning_budget == 16384

@@ -29,6 +29,7 @@ OPEN = ReasoningMarkers(opens_in_prompt=True)
     (THINK, "<thin", "", "<thin"),  # an answer that only looked like a marker
     (THINK, "<think>never closed", "never closed", ""),  # cut by max_tokens inside the span
     (OPEN, "step one</think>\n\nanswer </think> stays", "step one", "answer </think> stays"),
+    (OPEN, "\n</think>\n\nat once", "", "at once"),  # a span closed at once (a budget of 0)
     (OPEN, "", "", ""),
 ])
 def test_the_span_splits_at_any_cut(markers: ReasoningMarkers, text: str, reasoning: str, answer: str,
