@@ -39,7 +39,7 @@ def markers_of(ready: Ready) -> ReasoningMarkers | None:
 
 
 def reasoning_info(ready: Ready) -> dict[str, Any] | None:
-    """The span as /v1/models and /admin/status report it (null: the model does not reason)."""
+    """The span as /v1/models and /health report it (null: the model does not reason)."""
     markers = markers_of(ready)
     if markers is None:
         return None
@@ -53,12 +53,6 @@ class ReasoningSplitter:
         self._markers = markers
         self._state = "opened" if markers.opens_in_prompt else "start"
         self._held = ""
-        self.reasoning_chars = 0  # how much reasoning text went out
-
-    @property
-    def inside(self) -> bool:
-        """Whether the text now is reasoning (the span is open)."""
-        return self._state in ("opened", "inside")
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         self._held += text
@@ -116,7 +110,6 @@ class ReasoningSplitter:
 
     def _emit_reasoning(self, out: list[tuple[str, str]], text: str) -> None:
         if text:
-            self.reasoning_chars += len(text)
             out.append((REASONING, text))
 
 

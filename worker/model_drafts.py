@@ -31,11 +31,10 @@ CATCH_UP = 48  # most positions one row feeds the draft in a step's first draft 
 
 @dataclass
 class _Round:
-    """What one step's drafting fed each row: the draft's positions before it, after the
-    tokens that were real (its lag, then the pending token), and whether the pending
-    token was among them (only then do its drafts follow from it)."""
+    """What one step's drafting fed each row: the draft's positions after the tokens that
+    were real (its lag, then the pending token), and whether the pending token was among
+    them (only then do its drafts follow from it)."""
 
-    before: np.ndarray
     after_real: np.ndarray
     drafted: np.ndarray  # bool: the row's drafts continue its pending token
     passes: int  # draft passes after the first
@@ -101,7 +100,7 @@ class ModelDrafter:
         mx.eval(columns)
         if passes > 0:
             self.cost.record(len(feeds), (time.perf_counter() - started) / passes)
-        self._round = _Round(before, after_real, np.array(drafted, dtype=bool), max(0, passes))
+        self._round = _Round(after_real, np.array(drafted, dtype=bool), max(0, passes))
         rows = columns.tolist()
         return [rows[r][:wanted[r]] if drafted[r] else [] for r in range(len(feeds))]
 
@@ -115,7 +114,3 @@ class ModelDrafter:
         lengths = r.after_real + np.where(r.drafted, kept_fed, 0)
         for layer in self.drafted.split(cache)[1]:
             layer.truncate(lengths)
-
-    def abandon(self, cache: list[Any]) -> None:
-        """The step drafted but verified nothing: every drafted position goes."""
-        self.settle(cache, [0] * len(self._round.before) if self._round is not None else [])

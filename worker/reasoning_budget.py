@@ -36,7 +36,6 @@ class ReasoningBudget:
         self._done = False
         self._calls = 0
         self._tail = ""
-        self.closed_by_budget = False
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         self._calls += 1
@@ -45,7 +44,7 @@ class ReasoningBudget:
         if self._done:
             return logits
         if self._forcing < 0 and self._inside and self._spent >= self._budget:
-            self._forcing, self.closed_by_budget = 0, True
+            self._forcing = 0
         if self._forcing >= 0:
             token = self._forced[self._forcing]
             self._forcing += 1
