@@ -327,6 +327,7 @@ class Usage:
     # (not cached_tokens); 0 without a breakpoint (AddRequest.cache_breakpoints)
     cache_creation_tokens: int = 0
     cache_creation_1h_tokens: int = 0  # the part of them under a 1-hour breakpoint
+    reasoning_tokens: int = 0  # of completion_tokens, those inside the answer's reasoning span
 
 
 @dataclass

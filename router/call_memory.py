@@ -9,7 +9,8 @@ from the request id, `router.tool_calls.request_call_ids`, so parsing the answer
 names its calls as the client saw them), and a later request whose history holds that
 answer unchanged gets its token ids marked on the message (`GENERATED_TOKENS`) for the
 worker to render. Unchanged means: same model, same calls in the same order with equal
-names and arguments (as JSON values: a client may reorder keys), same text around them;
+names and arguments (as JSON values: a client may reorder keys), same text around them,
+same reasoning (`reasoning_content`: what the answer's span said, or none for none);
 anything else renders from the calls as before, so the memory never changes what a
 prompt says, only which of its equal spellings it takes. By default (`generated_calls =
 "markup"`) only answers that wrote their calls in the template's own markup (`<tool_call>`)
@@ -28,6 +29,7 @@ from typing import Any
 
 from protocol.generated_turns import GENERATED_TOKENS
 from protocol.tool_dialects import CALL_OPEN
+from router.reasoning_split import ReasoningMarkers, ReasoningSplitter, joined
 from router.tool_calls import ToolRequest, gather, make_parser
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class GeneratedTurn:
     content: str
     calls: tuple[tuple[str, str, Any], ...]  # (call key, name, arguments object)
     token_ids: tuple[int, ...]
+    reasoning: str = ""  # the answer's reasoning span, as the client got it
 
 
 class GeneratedAnswer:
@@ -97,23 +100,29 @@ class CallMemory:
             return None
         return GeneratedAnswer()
 
-    def remember(self, model: str, request_id: str, tools: ToolRequest, dialect: str, answer: GeneratedAnswer) -> None:
-        """Keep `answer` if it made calls: parsed again as its answer was (same parser,
-        same call ids), so the calls are found under the ids the client got."""
+    def remember(self, model: str, request_id: str, tools: ToolRequest, dialect: str, answer: GeneratedAnswer,
+                 reasoning: ReasoningMarkers | None = None) -> None:
+        """Keep `answer` if it made calls: split and parsed again as its answer was (same
+        span markers, same parser, same call ids), so the calls are found under the ids
+        the client got, beside the reasoning it got."""
         if not answer.token_ids or self.capacity <= 0:
             return
-        if self.markup_only and CALL_OPEN not in answer.text:
+        thought, text = "", answer.text
+        if reasoning is not None:
+            splitter = ReasoningSplitter(reasoning)
+            thought, text = joined(splitter.feed(text) + splitter.finish())
+        if self.markup_only and CALL_OPEN not in text:
             # calls written outside the template's markup (a bare JSON object, a code block):
             # rendered back as written, the history would teach the model that form (seen on
             # Qwen2.5-Coder-1.5B: its answer after the result came as a ```json call). The
             # template's rendering shows the right form; that turn recomputes from the call.
             return
         parser = make_parser(tools, dialect, request_id)
-        content, calls = gather(parser.feed(answer.text) + parser.finish())
+        content, calls = gather(parser.feed(text) + parser.finish())
         if not calls:
             return
         turn = GeneratedTurn(model, content, tuple((call_key(c.id), c.name, json.loads(c.arguments)) for c in calls),
-                             tuple(answer.token_ids))
+                             tuple(answer.token_ids), thought)
         for key, _, _ in turn.calls:
             self._turns[key] = turn
             self._turns.move_to_end(key)
@@ -151,6 +160,9 @@ class CallMemory:
         content = message.get("content")
         if not isinstance(content, str) or content.strip() != turn.content.strip():
             return None
+        thought = message.get("reasoning_content") or ""
+        if not isinstance(thought, str) or thought.strip() != turn.reasoning.strip():
+            return None  # a client that leaves the reasoning out asks for the turn without it
         self._turns.move_to_end(call_key(first))
         return turn
 

@@ -195,7 +195,8 @@ def _on_finish(pool: WorkerPool, model_id: str, parsed: ParsedRequest, key_name:
     def finished(event: FinishEvent) -> None:
         pool.record_finish(model_id, event, time.monotonic() - received)
         if memory is not None and answer is not None and event.finish_reason == "stop" and event.stop_sequence is None:
-            memory.remember(model_id, parsed.add.request_id, parsed.tools, parsed.tool_dialect, answer)
+            memory.remember(model_id, parsed.add.request_id, parsed.tools, parsed.tool_dialect, answer,
+                            parsed.reasoning)
         u, t = event.usage, event.timings
         why = f"; {u.misses.describe()}" if u.misses is not None else ""
         logger.info("%s %s%s: %s after %d+%d tokens (%d cached%s), ttft %.2f s, %.1f tok/s",

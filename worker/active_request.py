@@ -15,6 +15,7 @@ from worker.grammar import GrammarProcessor
 from worker.logprobs import LogprobsReporter
 from worker.prefix_cache import PrefixPlan
 from worker.prompt_lookup import DraftLength
+from worker.reasoning_span import ReasoningSpan
 from worker.stop_strings import StopStringFilter
 
 
@@ -48,6 +49,8 @@ class ActiveRequest:
     creation: CacheCreation = field(default_factory=CacheCreation)  # what its cache breakpoints write
     drafting: DraftLength | None = None  # its speculation's proposal length and record, if it speculates
     drafts_from_model: bool = False  # its speculation may use the worker's draft model
+    span: ReasoningSpan | None = None  # its answer's reasoning span (a model that reasons), followed
+    reasoning_tokens: int = 0  # generated tokens inside the span, its close included
 
     def mark_prefill_started(self, at: float) -> None:
         """Record the first prefill step that ran this prompt (later ones change nothing)."""
@@ -65,7 +68,12 @@ class ActiveRequest:
         """Count a generated token; the text it lets the client see now (the detokenizer
         and the stop-string filter may hold some back)."""
         self.num_generated += 1
-        return self.stop_filter.push(self.detokenizer.add(token))
+        text = self.detokenizer.add(token)
+        if self.span is not None and not self.span.past:
+            thinking = self.span.inside
+            if self.span.see(text.encode()) or thinking:
+                self.reasoning_tokens += 1
+        return self.stop_filter.push(text)
 
     def check_grammar(self) -> None:
         """Raise `GrammarError` if the grammar engine failed on this request."""
@@ -113,4 +121,4 @@ class ActiveRequest:
         """Token counts for the finish; SSD tokens are whole blocks of `block_tokens`."""
         return Usage(len(self.prompt_ids), self.num_generated, self.cached_tokens,
                      self.plan.cold_blocks * block_tokens, self.plan.cold_bytes, self.plan.misses,
-                     self.creation.tokens, self.creation.tokens_1h)
+                     self.creation.tokens, self.creation.tokens_1h, self.reasoning_tokens)

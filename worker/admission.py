@@ -28,7 +28,8 @@ from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
 from worker.prompts import render_chat, render_completion
 from worker.reasoning_budget import ReasoningBudget
-from worker.reasoning_template import detect_reasoning
+from worker.reasoning_span import ReasoningSpan
+from worker.reasoning_template import detect_reasoning, thinking_switch
 from worker.request_limits import check_logit_bias, check_prompt_cap, context_window, max_new_tokens
 from worker.sampling import RequestSampler, greedy, make_request_processors, make_request_sampler
 from worker.vocabulary import TokenVocabulary
@@ -51,6 +52,7 @@ class Admission:
     creation: CacheCreation = field(default_factory=CacheCreation)  # what it writes to the cache (once planned)
     speculate: bool = False  # greedy, unconstrained, and its speculation is on
     draft_model: bool = False  # it speculates with the draft model too (where the worker has one)
+    span: ReasoningSpan | None = None  # its answer's reasoning span, followed to count its tokens
 
 
 class Admitter:
@@ -110,7 +112,8 @@ class Admitter:
         what a token count reports (a count never refuses a prompt for its length)."""
         if request.messages is not None:
             ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message,
-                              layout=self.layout(request), vocab_size=self._vocab_size)
+                              layout=self.layout(request), vocab_size=self._vocab_size,
+                              switches=thinking_switch(self._tokenizer, request.reasoning_budget))
         elif request.prompt is not None:
             ids = render_completion(self._tokenizer, request.prompt, self._vocab_size)
         else:
@@ -165,7 +168,8 @@ class Admitter:
             return []
 
         def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-            return render_chat(self._tokenizer, messages, tools, generation_prompt=False, layout=self.layout(request))
+            return render_chat(self._tokenizer, messages, tools, generation_prompt=False, layout=self.layout(request),
+                               switches=thinking_switch(self._tokenizer, request.reasoning_budget))
 
         return breakpoint_positions(render, request.messages, request.tools, request.cache_breakpoints, prompt_ids,
                                     request.request_id)
@@ -184,8 +188,15 @@ class Admitter:
             return None
         if request.constraint.lazy:
             return LazyCallProcessor(matcher, request.constraint, prompt_length, max_tokens, self._vocabulary,
-                                     self._grammar_batch, label=request.request_id)
+                                     self._grammar_batch, label=request.request_id, span=self._span(request))
         return GrammarProcessor(matcher, prompt_length, self._vocabulary, self._grammar_batch)
+
+    def _span(self, request: AddRequest) -> ReasoningSpan | None:
+        """A new follower of the request's reasoning span: a chat answer of a model that
+        reasons (a continued message is not the answer's start)."""
+        if self._reasoning is None or not request.messages or request.continue_final_message:
+            return None
+        return ReasoningSpan(*self._reasoning)
 
     def admit(self, request: AddRequest, prepared: PreparedPrompt | None) -> Admission:
         """Check everything the client controls; raises the RequestError to send back."""
@@ -208,7 +219,8 @@ class Admitter:
         speculate = (speculation in (PROMPT_LOOKUP, DRAFT_MODEL) and (sampler is greedy or isinstance(sampler, RequestSampler))
                      and all(p is grammar for p in processors))  # a grammar drafts as far as its free_ahead
         return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints,
-                         speculate=speculate, draft_model=speculate and speculation == DRAFT_MODEL)
+                         speculate=speculate, draft_model=speculate and speculation == DRAFT_MODEL,
+                         span=self._span(request))
 
     def plan(self, request: AddRequest, prompt_ids: list[int], prepared: PreparedPrompt | None) -> PrefixPlan:
         """Look the prompt up in the prefix cache: how much of it is cached, and where."""

@@ -166,7 +166,7 @@ class Engine:
             plan=plan,
             cached_tokens=plan.cached_tokens,
             created_at=arrived,
-            grammar=admission.grammar, logprobs=admission.logprobs, creation=admission.creation,
+            grammar=admission.grammar, logprobs=admission.logprobs, creation=admission.creation, span=admission.span,
             drafting=DraftLength() if admission.speculate else None, drafts_from_model=admission.draft_model)
         if self._hit_fast_path_open(active):
             self._start_hit(active, admission)

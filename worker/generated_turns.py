@@ -18,6 +18,8 @@ from protocol.generated_turns import GENERATED_TOKENS
 
 # private-use code points: no client text holds them, and they survive any template
 PLACEHOLDER = "\ue000mlxd-generated-{}\ue001"
+REASONED_PLACEHOLDER = "\ue000mlxd-generated-{}-reasoned\ue001"  # the answer of a turn with reasoning
+REASONING_PLACEHOLDER = "\ue000mlxd-reasoning-{}\ue001"  # that turn's reasoning, where the template puts it
 
 
 def has_generated(messages: list[dict[str, Any]]) -> bool:
@@ -44,7 +46,11 @@ def with_placeholders(messages: list[dict[str, Any]], vocab_size: int) -> tuple[
                 or not all(isinstance(t, int) and 0 <= t < vocab_size for t in ids)):
             out.extend(without_marks([message]))
             continue
-        out.append({"role": "assistant", "content": PLACEHOLDER.format(len(generated))})
+        placeholders = {"role": "assistant", "content": PLACEHOLDER.format(len(generated))}
+        if message.get("reasoning_content"):
+            placeholders = {"role": "assistant", "content": REASONED_PLACEHOLDER.format(len(generated)),
+                            "reasoning_content": REASONING_PLACEHOLDER.format(len(generated))}
+        out.append(placeholders)
         generated.append(ids)
     return out, generated
 
@@ -72,21 +78,50 @@ def generation_prompt(tokenizer: Any) -> str:
 def splice(tokenizer: Any, text: str, generated: list[list[int]]) -> list[int] | None:
     """The token ids of `text` with each placeholder replaced by its generated ids; None if
     a placeholder is missing, repeated, or not right after the generation prompt (the
-    template changed the turn: its rendering is not what the model continued)."""
+    template changed the turn: its rendering is not what the model continued).
+
+    A turn with reasoning has two placeholders, the reasoning's first: the template may
+    write markup before it (Qwen3's `<think>\\n`, which a model that opens its own span
+    generated too: the generated text must begin with it) and between the two (the span's
+    close, which the generated ids hold); everything from the generation prompt to the
+    answer's placeholder is the generated ids. A template that dropped the reasoning of
+    that turn shows it without (the generated ids hold it): then nothing is spliced."""
     opening = generation_prompt(tokenizer)
     if not opening:
         return None
     ids: list[int] = []
     rest = text
     for index, tokens in enumerate(generated):
-        placeholder = PLACEHOLDER.format(index)
+        reasoned = REASONED_PLACEHOLDER.format(index) in rest
+        placeholder = (REASONED_PLACEHOLDER if reasoned else PLACEHOLDER).format(index)
         before, found, after = rest.partition(placeholder)
-        if not found or placeholder in after or not before.endswith(opening):
+        if not found or placeholder in after:
+            return None
+        if reasoned:
+            before = _before_reasoning(tokenizer, before, REASONING_PLACEHOLDER.format(index), opening, tokens)
+            if before is None:
+                return None
+        elif not before.endswith(opening):
             return None
         ids += tokenizer.encode(before, add_special_tokens=False)
         ids += tokens
         rest = after
-    if "\ue000mlxd-generated-" in rest:
+    if "\ue000mlxd-" in rest:
         return None
     ids += tokenizer.encode(rest, add_special_tokens=False) if rest else []
     return ids
+
+
+def _before_reasoning(tokenizer: Any, before: str, thought: str, opening: str, tokens: list[int]) -> str | None:
+    """The text before a reasoning turn's generated ids: up to the end of the generation
+    prompt that precedes its reasoning placeholder, if the markup between them is what
+    the generated text begins with."""
+    head, found, between = before.partition(thought)
+    at = head.rfind(opening)
+    if not found or thought in between or at < 0:
+        return None
+    cut = at + len(opening)
+    markup = head[cut:]
+    if markup and not tokenizer.decode(tokens[: len(markup) + 8]).startswith(markup):
+        return None
+    return head[:cut]

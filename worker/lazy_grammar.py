@@ -27,6 +27,7 @@ import numpy as np
 from protocol.messages import Constraint
 from worker.call_budget import MARGIN, RECHECK, ZONE, JsonQuotes, opening_tokens, shortest_completion, token_shapes
 from worker.grammar import FREE, GrammarProcessor, StepMasks
+from worker.reasoning_span import ReasoningSpan
 from worker.vocabulary import TokenVocabulary
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,11 @@ class LazyCallProcessor(GrammarProcessor):
     `matcher` is the call grammar at its start; it is reset after each call."""
 
     def __init__(self, matcher: object, constraint: Constraint, prompt_length: int, max_tokens: int,
-                 vocabulary: TokenVocabulary, batch: StepMasks | None = None, label: str = "") -> None:
+                 vocabulary: TokenVocabulary, batch: StepMasks | None = None, label: str = "",
+                 span: ReasoningSpan | None = None) -> None:
         super().__init__(matcher, prompt_length, vocabulary, batch)  # type: ignore[arg-type]
         self._constraint = constraint
+        self._span = span  # the answer's reasoning span: no call is taken inside it
         self._vocabulary = vocabulary
         self._watch = TriggerWatch(constraint)
         self._end = prompt_length + max_tokens  # the context length at which the answer is cut
@@ -146,12 +149,26 @@ class LazyCallProcessor(GrammarProcessor):
         if self.error is not None or self._done or self._active:
             return 0
         watch = copy.copy(self._watch)
+        span = self._span.copy() if self._span is not None else None
         for i, token in enumerate(tokens):
             if self._end - (self.next_position + i + 1) <= ZONE:
                 return i
-            if watch.see(self._vocabulary.token_bytes(token)) is not None:
+            data = self._vocabulary.token_bytes(token)
+            if span is not None and self._thinking(span, data):
+                if span.past:
+                    watch = TriggerWatch(self._constraint)
+                continue
+            if watch.see(data) is not None:
                 return i
         return len(tokens)
+
+    @staticmethod
+    def _thinking(span: ReasoningSpan, data: bytes) -> bool:
+        """Follow `span` over a token; True if the token is part of the span (or closes it),
+        so it cannot begin a call."""
+        if span.past:
+            return False
+        return span.see(data) or span.inside
 
     def consume(self, new_tokens: list[int]) -> None:
         for token in new_tokens:
@@ -167,6 +184,9 @@ class LazyCallProcessor(GrammarProcessor):
                 self._quotes.feed(data)
                 if self.matcher.is_stopped():
                     self._close()
+            elif self._span is not None and self._thinking(self._span, data):
+                if self._span.past:  # the span closed: the answer starts here
+                    self._watch = TriggerWatch(self._constraint)
             else:
                 fed = self._watch.see(data)
                 if fed is not None:

@@ -16,6 +16,7 @@ from protocol.cache_misses import Divergence
 from protocol.messages import AddRequest
 from protocol.settings import STABLE_FIRST
 from worker.prompts import render_chat_text
+from worker.reasoning_template import thinking_switch
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +63,23 @@ def locate(tokenizer: Any, request: AddRequest, prompt_ids: Sequence[int], token
 
 def _locate(tokenizer: Any, request: AddRequest, prompt_ids: Sequence[int], token: int, layout: str) -> Divergence:
     messages, tools = request.messages or [], request.tools
-    text = render_chat_text(tokenizer, messages, tools, request.continue_final_message, layout=layout)
+    switches = thinking_switch(tokenizer, request.reasoning_budget)
+    text = render_chat_text(tokenizer, messages, tools, request.continue_final_message, layout=layout,
+                            switches=switches)
     at = char_offset(tokenizer, text, prompt_ids, token)
 
     def reach(start: list[dict[str, Any]], with_tools: bool = True) -> int:
         """How far the rendered start of the conversation agrees with the whole text."""
         return common_prefix_chars(render_chat_text(tokenizer, start, tools if with_tools else None,
-                                                    generation_prompt=False, layout=layout), text)
+                                                    generation_prompt=False, layout=layout, switches=switches), text)
 
     index = _first(len(messages), lambda k: reach(messages[: k + 1]) > at)
     if index is None:
         return Divergence(token, None, None, "generation_prompt")
     message = messages[index]
     if tools:
-        without = render_chat_text(tokenizer, messages, None, request.continue_final_message, layout=layout)
+        without = render_chat_text(tokenizer, messages, None, request.continue_final_message, layout=layout,
+                                   switches=switches)
         start = common_prefix_chars(text, without)
         end = len(text) - min(_common_suffix_chars(text, without), len(text) - start)
         if start <= at < end:

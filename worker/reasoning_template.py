@@ -34,3 +34,16 @@ def detect_reasoning(tokenizer: Any) -> tuple[str, str, bool] | None:
         log.warning("the chat template did not render a question; assuming its reasoning span is not open")
         return span[0], span[1], False
     return span[0], span[1], isinstance(prompt, str) and prompt.rstrip().endswith(span[0])
+
+
+SWITCH = "enable_thinking"  # the template variable Qwen3, GLM-4.5 and SmolLM3 turn reasoning off with
+
+
+def thinking_switch(tokenizer: Any, budget: int | None) -> dict[str, Any]:
+    """The template variables a request's reasoning budget sets: for a template with the
+    switch, a budget of 0 renders it off (the model is prompted not to reason, where
+    forcing the span shut would still show it an empty one) and any other budget on; no
+    budget leaves the template's default. A template without the switch gets nothing."""
+    if budget is None or SWITCH not in (template_source(tokenizer) or ""):
+        return {}
+    return {SWITCH: budget > 0}

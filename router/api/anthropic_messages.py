@@ -58,7 +58,7 @@ ANTHROPIC_MESSAGES_FIELDS = frozenset({
 SAMPLING_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "stop_sequences": "stop",
                   "max_tokens": "max_tokens"}
 IMAGE_TEXT = "[image]"  # what a text-only model sees where the client sent an image
-DROPPED_SILENTLY = frozenset({"thinking", "redacted_thinking"})  # the model's own reasoning: not re-read
+DROPPED_SILENTLY = frozenset({"thinking", "redacted_thinking"})  # reasoning: a user turn's, or opaque
 
 _logged_types: set[str] = set()
 
@@ -73,19 +73,16 @@ class MessagesRequest(ChatRequest):
 
 def _note_dropped(block_type: Any, where: str) -> None:
     """One log line per block type mlxd does not render (clients resend history every
-    turn: a line per request would drown the log)."""
+    turn: a line per request would drown the log); an image is rendered as IMAGE_TEXT."""
     key = f"{where}:{block_type}"
     if key not in _logged_types:
         _logged_types.add(key)
-        logger.info("messages: dropping %s content block of type %r (not rendered; logged once)", where, block_type)
-
-
-def _note_image(where: str) -> None:
-    key = f"{where}:image"
-    if key not in _logged_types:
-        _logged_types.add(key)
-        logger.info("messages: an image in %s is rendered as %r: this model reads text only (logged once)",
-                    where, IMAGE_TEXT)
+        if block_type == "image":
+            logger.info("messages: an image in %s is rendered as %r: this model reads text only (logged once)",
+                        where, IMAGE_TEXT)
+        else:
+            logger.info("messages: dropping %s content block of type %r (not rendered; logged once)", where,
+                        block_type)
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -118,7 +115,7 @@ def _system_parts(content: Any, where: str, reader: BreakpointReader) -> list[tu
         if kind == "text":
             text = _block_text(block, f"{where}[{j}]")
         elif kind == "image":
-            _note_image(where)
+            _note_dropped("image", where)
             text = IMAGE_TEXT
         else:
             _note_dropped(kind, "system")
@@ -136,7 +133,7 @@ def _tool_result_text(content: Any, where: str) -> str:
         if kind == "text":
             parts.append(_block_text(block, f"{where}[{j}]"))
         elif kind == "image":
-            _note_image("tool_result")
+            _note_dropped("image", "tool_result")
             parts.append(IMAGE_TEXT)
         else:
             shown = {key: value for key, value in block.items() if key != "cache_control"}
@@ -159,7 +156,7 @@ def _user_messages(content: Any, where: str,
         if kind == "text":
             texts.append(_block_text(block, spot))
         elif kind == "image":
-            _note_image("messages")
+            _note_dropped("image", "messages")
             texts.append(IMAGE_TEXT)
         elif kind == "tool_result":
             call_id = block.get("tool_use_id")
@@ -185,9 +182,11 @@ def _user_messages(content: Any, where: str,
 
 
 def _assistant_message(content: Any, where: str) -> dict[str, Any]:
-    """One assistant turn: its text, and its `tool_use` blocks as chat tool calls whose
-    arguments are the input's JSON text (serialized the same way every time)."""
+    """One assistant turn: its text, its `thinking` blocks as `reasoning_content`, and its
+    `tool_use` blocks as chat tool calls whose arguments are the input's JSON text
+    (serialized the same way every time)."""
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(_blocks(content, where)):
         kind, spot = block.get("type"), f"{where}[{j}]"
@@ -203,11 +202,18 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any]:
                 arguments = {}
             calls.append({"id": call_id or "", "type": "function",
                           "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
+        elif kind == "thinking":
+            thought = block.get("thinking")
+            if not isinstance(thought, str):
+                raise bad("messages", f"'{spot}.thinking' must be a string")
+            thoughts.append(thought)
         elif kind in DROPPED_SILENTLY:
             continue
         else:
             _note_dropped(kind, "assistant")
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts)}
+    if thoughts:  # the template decides whether a past turn's reasoning is shown again
+        message["reasoning_content"] = "\n\n".join(thoughts)
     if calls:
         message["tool_calls"] = calls
     return message

@@ -130,6 +130,7 @@ def input_messages(value: Any, param: str = "input") -> list[dict[str, Any]]:
     if not isinstance(value, list):
         raise bad(param, f"'{param}' must be a string or a list of input items")
     messages: list[dict[str, Any]] = []
+    reasoning = ""  # a reasoning item's text, for the assistant turn it came before
     for i, item in enumerate(value):
         where = f"{param}[{i}]"
         if not isinstance(item, dict):
@@ -139,17 +140,38 @@ def input_messages(value: Any, param: str = "input") -> list[dict[str, Any]]:
             messages.append(_message(item, where))
         elif kind == "function_call":
             call = _call(item, where)
-            if messages and messages[-1]["role"] == "assistant":
+            if messages and messages[-1]["role"] == "assistant" and not reasoning:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append(_call_output(item, where))
         elif kind == "reasoning":
-            continue  # another model's hidden reasoning (often encrypted): nothing to render
+            reasoning += _reasoning_text(item, where)
+            continue
         else:
             _note_dropped("input item", str(kind))
+        if reasoning and messages and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = reasoning
+        reasoning = ""
     return messages
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A `reasoning` item's text (its `reasoning_text` parts, as mlxd's answers carry it):
+    the template decides whether the turn after it shows it again. Another model's
+    reasoning is often only `encrypted_content` and a summary: nothing to render."""
+    content = item.get("content")
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise bad("input", f"'{where}.content' must be a list of reasoning_text parts")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+            raise bad("input", f"'{where}.content[{j}]' must be {{\"type\": \"reasoning_text\", \"text\": ...}}")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 # --- tools

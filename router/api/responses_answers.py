@@ -54,7 +54,7 @@ def usage_body(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -257,10 +257,14 @@ class OutputAssembler:
         """The answer as chat-template messages: one assistant message with its text and
         calls, as the next turn's history renders it."""
         texts = [part["text"] for item in self.items if item["type"] == "message" for part in item["content"]]
+        reasoning = [part["text"] for item in self.items if item["type"] == "reasoning"
+                     for part in item.get("content") or []]
         calls = [{"id": item["call_id"], "type": "function",
                   "function": {"name": item["name"], "arguments": item["arguments"]}}
                  for item in self.items if item["type"] == "function_call"]
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if reasoning:  # the template decides whether a past turn's reasoning is shown again
+            message["reasoning_content"] = "".join(reasoning)
         if calls:
             message["tool_calls"] = calls
         return [message]

@@ -57,6 +57,8 @@ def test_reasoning_travels_as_reasoning_content_streamed_or_not(client: openai.O
     message = whole.choices[0].message
     reasoning = message.model_extra["reasoning_content"]
     assert reasoning and not message.content
+    details = whole.usage.completion_tokens_details
+    assert details.reasoning_tokens == whole.usage.completion_tokens == 24  # cut inside the span: all of it
 
     chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
                                                  stream=True))
@@ -96,6 +98,7 @@ def test_responses_carry_it_as_a_reasoning_item_streamed_or_not(client: openai.O
     kinds = [item.type for item in response.output]
     assert kinds == ["reasoning", "message"]  # all of it reasoning; the message is empty, never the span
     assert response.output[0].content[0].text == reasoning and response.output_text == ""
+    assert response.usage.output_tokens_details.reasoning_tokens == response.usage.output_tokens
 
     events = list(client.responses.create(model=MODEL, input=ASK[0]["content"], max_output_tokens=24,
                                           temperature=0, stream=True))
@@ -119,5 +122,7 @@ def test_a_budget_closes_the_span_and_the_model_answers(client: openai.OpenAI, s
     none = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=24, temperature=0,
                                           reasoning_effort="minimal")  # a budget of 0: no reasoning at all
     assert not none.choices[0].message.model_extra.get("reasoning_content") and none.choices[0].message.content
+    spent = none.usage.completion_tokens_details.reasoning_tokens
+    assert 0 < spent < none.usage.completion_tokens  # the close it was given is the span's; the answer is not
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, reasoning_effort="extreme")

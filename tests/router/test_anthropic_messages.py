@@ -68,7 +68,7 @@ def test_history_blocks_become_calls_results_and_text() -> None:
     assert prefill == ""
     assert messages == [
         {"role": "user", "content": "read it\n[image]"},
-        {"role": "assistant", "content": "Reading.", "tool_calls": [
+        {"role": "assistant", "content": "Reading.", "reasoning_content": "hm", "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "Read", "arguments": '{"path": "a.txt"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1",
          "content": "hello\n" + json.dumps({"tool_name": "Bash", "type": "tool_reference"})},

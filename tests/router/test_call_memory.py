@@ -10,6 +10,7 @@ from protocol.generated_turns import GENERATED_TOKENS
 from protocol.tool_dialects import HERMES
 from router.api.anthropic_answers import tool_use_id
 from router.call_memory import CallMemory, GeneratedAnswer
+from router.reasoning_split import ReasoningMarkers
 from router.tool_calls import ToolRequest, ToolSpec, gather, make_parser
 
 TOOLS = ToolRequest((ToolSpec("Read"), ToolSpec("Glob")))
@@ -124,3 +125,21 @@ def test_always_remembers_calls_written_outside_the_markup() -> None:
     memory = CallMemory(markup_only=False)
     content, calls = answered(memory, text='{"name": "Read", "arguments": {"file_path": "/a.py"}}')
     assert GENERATED_TOKENS in memory.mark(MODEL, history(content, calls))[1]
+
+
+def test_a_reasoning_answer_is_found_beside_the_reasoning_its_client_got() -> None:
+    """The span is split off as the client got it: the turn is marked when it carries that
+    reasoning back (chat `reasoning_content`, what Anthropic thinking blocks become), and
+    not when it leaves it out or changes it (the generated ids hold it)."""
+    memory = CallMemory()
+    answer = GeneratedAnswer()
+    written = "Both files.\n</think>\n\n" + TEXT
+    for i in range(0, len(written), 7):
+        answer.add(written[i:i + 7], [1000 + i])
+    memory.remember(MODEL, "chatcmpl-r", TOOLS, HERMES, answer, ReasoningMarkers(opens_in_prompt=True))
+    content, calls = gather(make_parser(TOOLS, HERMES, "chatcmpl-r").feed(TEXT))
+    assert GENERATED_TOKENS in memory.mark(MODEL, history(content, calls, reasoning_content="Both files."))[1]
+    for other in ({}, {"reasoning_content": "Other."}):
+        assert GENERATED_TOKENS not in memory.mark(MODEL, history(content, calls, **other))[1]
+    memory.remember(MODEL, "chatcmpl-r", TOOLS, HERMES, answer)  # the control: unsplit, the text differs
+    assert GENERATED_TOKENS not in memory.mark(MODEL, history(content, calls, reasoning_content="Both files."))[1]

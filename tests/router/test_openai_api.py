@@ -58,7 +58,8 @@ def test_chat_non_streaming(router: RunningRouter) -> None:
     assert body["choices"][0]["message"] == {"role": "assistant", "content": REPLY}
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 6, "total_tokens": 7,
-                             "prompt_tokens_details": {"cached_tokens": 1}}
+                             "prompt_tokens_details": {"cached_tokens": 1},
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
 
 
 def test_answers_carry_the_request_id_of_the_log_lines(router: RunningRouter) -> None:

@@ -24,7 +24,8 @@ USAGE = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=8)
 
 def test_usage_body() -> None:
     assert usage_body(USAGE) == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
-                                 "prompt_tokens_details": {"cached_tokens": 8}}
+                                 "prompt_tokens_details": {"cached_tokens": 8},
+                                 "completion_tokens_details": {"reasoning_tokens": 0}}
 
 
 @pytest.mark.parametrize("kwargs, choice", [

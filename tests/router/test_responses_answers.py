@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from protocol.tool_dialects import HERMES
 from router.api.openai_responses import parse
 from router.api.response_store import ResponseStore
 from router.api.responses_answers import OutputAssembler, ResponsesRequest
+from router.reasoning_split import AnswerSplit, ReasoningMarkers
 from router.tool_calls import make_parser
 
 SHELL = {"type": "function", "name": "shell", "description": "Run a command.",
@@ -110,6 +112,28 @@ def test_input_items_become_chat_messages() -> None:
     assert messages[0]["content"] == "Be brief." and messages[3]["tool_calls"][0]["function"]["name"] == "read_file"
     assert messages[4]["content"] == "hello" and messages[4]["tool_call_id"] == "c1"
     assert parsed.conversation[0]["content"] == "Rules."  # instructions are not stored with the conversation
+    assert "reasoning_content" not in messages[3]  # encrypted reasoning of another model: nothing to render
+
+
+def test_a_reasoning_item_goes_to_the_assistant_turn_after_it_and_the_store_keeps_ours() -> None:
+    parsed = request(input=[
+        {"role": "user", "content": "Read a.txt"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Use "},
+                                                                       {"type": "reasoning_text", "text": "read."}]},
+        {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "hello"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "content": [{"type": "reasoning_text", "text": "Done."}]},
+        {"role": "assistant", "content": "It says hello."},
+    ])
+    assert [m.get("reasoning_content") for m in parsed.add.messages] == [None, "Use read.", None, "Done."]
+    with pytest.raises(RequestError):
+        request(input=[{"type": "reasoning", "id": "rs_1", "content": "not a list"}, {"role": "user", "content": "x"}])
+    stream = SimpleNamespace(request=SimpleNamespace(reasoning=ReasoningMarkers(opens_in_prompt=True)))
+    answer = OutputAssembler(request(), None, AnswerSplit(stream))
+    answer.start()
+    answer.feed("Think.</think>\n\nHi")
+    answer.finish(finish())
+    assert answer.answer_messages() == [{"role": "assistant", "content": "Hi", "reasoning_content": "Think."}]
 
 
 @pytest.mark.parametrize("fields, param", [

@@ -71,3 +71,22 @@ LLAMA31_TOOL_PART = (
 )
 
 MISTRAL_TOOL_PART = "{%- if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif %}[TOOL_CALLS]"
+
+
+def thinking(opens_in_prompt: bool) -> str:
+    """QWEN25 as a reasoning model's template (the shape of Qwen3's): an assistant turn
+    after the last user message shows its `reasoning_content` in a `<think>` span, earlier
+    ones drop it; the generation prompt opens the span itself when `opens_in_prompt`."""
+    template = QWEN25.replace(
+        '(message.role == "assistant" and not message.tool_calls)', 'false').replace(
+        "{{- '<|im_start|>' + message.role }}\n        {%- if message.content %}",
+        "{{- '<|im_start|>' + message.role }}\n        {%- if message.reasoning_content and loop.index0 > ns.last_query %}"
+        "{{- '\\n<think>\\n' + message.reasoning_content.strip('\\n') + '\\n</think>\\n' }}{%- endif %}"
+        "\n        {%- if message.content %}").replace(
+        "{%- for tool_call in message.tool_calls %}", "{%- for tool_call in message.tool_calls or [] %}").replace(
+        "{{- '<|im_start|>assistant\\n' }}", "{{- '<|im_start|>assistant\\n" + ("<think>\\n" if opens_in_prompt else "")
+        + "' }}")
+    last_query = ("{%- set ns = namespace(last_query=-1) %}{%- for message in messages %}"
+                  "{%- if message.role == 'user' %}{%- set ns.last_query = loop.index0 %}{%- endif %}{%- endfor %}\n")
+    assert template.count("<think>") == 1 + opens_in_prompt
+    return last_query + template

@@ -107,3 +107,34 @@ def test_a_template_that_changes_the_turn_renders_without_the_marks(tokenizer: A
         assert marked == render_chat(tokenizer, turn2(None), [READ])
     finally:
         tokenizer._tokenizer.chat_template = original
+
+
+THOUGHT = "The user wants main.py read."
+
+
+@pytest.mark.parametrize("opens_in_prompt", [False, True])
+def test_a_reasoning_turn_renders_back_as_its_generated_tokens(tokenizer: Any, opens_in_prompt: bool) -> None:
+    """Both ways a template opens the span (the model writes `<think>`, or the generation
+    prompt does): the turn after a reasoning call starts with turn one and every token the
+    model generated, its reasoning included; without the mark the template respells it."""
+    original = tokenizer.chat_template
+    tokenizer._tokenizer.chat_template = chat_templates.thinking(opens_in_prompt)
+    try:
+        prompt1 = render_chat(tokenizer, TURN1, [READ])
+        # its own spacing, and the call's keys in its own order: the template respells both
+        written = ("" if opens_in_prompt else "<think>\n") + f"{THOUGHT}\n\n</think>\n\n{GENERATIONS[1]}"
+        generated = tokenizer.encode(written, add_special_tokens=False)
+        history = turn2(generated)
+        history[-2]["reasoning_content"] = THOUGHT
+        cached = prompt1 + generated
+        assert render_chat(tokenizer, history, [READ])[: len(cached)] == cached
+        plain = render_chat(tokenizer, [{k: v for k, v in m.items() if k != GENERATED_TOKENS} for m in history],
+                            [READ])
+        assert THOUGHT in tokenizer.decode(plain) and common_prefix(plain, cached) < len(cached)  # the control
+        # a turn the template shows without its reasoning (before a later user message) is not spliced
+        later = [*history, {"role": "assistant", "content": "It prints hi."}, {"role": "user", "content": "Thanks"}]
+        bare = [{k: v for k, v in m.items() if k != GENERATED_TOKENS} for m in later]
+        assert render_chat(tokenizer, later, [READ]) == render_chat(tokenizer, bare, [READ])
+        assert THOUGHT not in tokenizer.decode(render_chat(tokenizer, later, [READ]))
+    finally:
+        tokenizer._tokenizer.chat_template = original

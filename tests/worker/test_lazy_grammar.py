@@ -25,6 +25,7 @@ from tests.worker.tiny_models import make_tiny
 from worker import call_budget
 from worker.grammar import FREE, GrammarCompiler
 from worker.lazy_grammar import LazyCallProcessor, TriggerWatch
+from worker.reasoning_span import ReasoningSpan
 from worker.vocabulary import TokenVocabulary
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
@@ -121,6 +122,33 @@ def test_free_text_passes_untouched_and_a_begun_call_holds_to_the_enum(tiny, voc
     begun = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "'
     context = prompt + free + tiny.tokenizer.encode(begun, add_special_tokens=False)
     masked = np.array(processor(mx.array(context), logits)[0])
+    allowed = {tiny.tokenizer.decode([i]) for i in np.flatnonzero(np.isfinite(masked))}
+    assert allowed and all(text[:1] in ("c", "f") for text in allowed), sorted(allowed)[:20]
+
+
+def test_a_call_opener_inside_the_reasoning_span_is_reasoning(tiny, vocabulary: TokenVocabulary) -> None:
+    """The router reads calls only after the span: one the model writes while thinking is
+    left free, and the first after the span's close is held."""
+    constraint = lazy_call_constraint("hermes", TOOLS)
+    width = tiny.config["vocab_size"]
+    logits = mx.arange(width, dtype=mx.float32)[None]
+    prompt = [1, 2, 3]
+    thought = tiny.tokenizer.encode('I could write <tool_call>\n{"name": "get_weather", "arguments": {"unit": "',
+                                    add_special_tokens=False)
+    answer = tiny.tokenizer.encode('</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+                                   '"unit": "',
+                                   add_special_tokens=False)
+
+    def processor(span: ReasoningSpan | None) -> LazyCallProcessor:
+        return LazyCallProcessor(GrammarCompiler(vocabulary).compile(constraint), constraint, 3, 500, vocabulary,
+                                 span=span)
+
+    unaware = processor(None)
+    assert unaware(mx.array(prompt + thought), logits) is not logits  # the control: taken as a call
+    thinking = processor(ReasoningSpan("<think>", "</think>", True))
+    assert thinking(mx.array(prompt + thought), logits) is logits
+    assert thinking.free_ahead(answer) == answer.index(token(tiny, "<tool_call>"))  # drafts stop at the call
+    masked = np.array(thinking(mx.array(prompt + thought + answer), logits)[0])
     allowed = {tiny.tokenizer.decode([i]) for i in np.flatnonzero(np.isfinite(masked))}
     assert allowed and all(text[:1] in ("c", "f") for text in allowed), sorted(allowed)[:20]
 

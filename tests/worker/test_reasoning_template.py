@@ -36,3 +36,26 @@ def tokenizer(template: Any) -> Any:
 ])
 def test_the_span_and_who_opens_it(template: Any, expected: Any) -> None:
     assert detect_reasoning(tokenizer(template)) == expected
+
+
+def test_the_budget_turns_a_templates_thinking_switch(qwen_model_dir: Any) -> None:
+    """A budget of 0 renders the template's `enable_thinking` off (Qwen3's shape: an empty
+    span in the generation prompt), any other budget on; no budget leaves mlx-lm's default
+    (on where the vocabulary has a `<think>` token: not Qwen2.5's). A template without the
+    switch is rendered as it is."""
+    from mlx_lm.utils import load_tokenizer
+
+    from worker.prompts import render_chat_text
+    from worker.reasoning_template import thinking_switch
+
+    real = load_tokenizer(qwen_model_dir)
+    ask = [{"role": "user", "content": "2+2?"}]
+    assert thinking_switch(real, 0) == {}  # Qwen2.5's template has no switch
+    real._tokenizer.chat_template = QWEN3_LIKE.replace(
+        "assistant\n{% endif %}", "assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    assert [thinking_switch(real, b) for b in (None, 0, 512)] == [{}, {"enable_thinking": False},
+                                                                 {"enable_thinking": True}]
+    off, on, default = (render_chat_text(real, ask, None, switches=thinking_switch(real, b)) for b in (0, 512, None))
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and on.endswith("assistant\n")
+    assert default == (on if real.has_thinking else off) and not real.has_thinking
