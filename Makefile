@@ -12,8 +12,12 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # The stamp re-runs the install when pyproject.toml changes.
+# mlx-vlm's model code and processors serve vision models (worker/vision_model.py); its
+# declared dependencies are for its own server, audio, video and training (opencv,
+# datasets, mlx-audio, fastapi...), none of which mlxd imports: it is installed without them.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet --no-deps "mlx-vlm>=0.7.10,<0.8"
 	@touch $@
 
 install: $(VENV)/.installed blas kernels

@@ -94,6 +94,7 @@ class Ready(Message):
     reasoning_open: str = ""
     reasoning_close: str = ""
     reasoning_opens_in_prompt: bool = False  # the generation prompt opens it: answers start inside
+    vision: bool = False  # its chat requests may carry images (a vision model: worker/vision_model.py)
     kind: str = "chat"  # chat | embedding | reranker
     dimensions: int = 0  # an embedding model's vector size
 
@@ -200,11 +201,9 @@ class AddRequest(Message):
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str | None = None
     want_progress: bool = False
-    # prompt + output cap from the model's profile; None: the worker's own context length
-    context_limit: int | None = None
+    context_limit: int | None = None  # prompt + output cap from the model's profile; None: the worker's window
     constraint: Constraint | None = None  # structured output / forced tool calls
-    # the model's or profile's output cap, when tighter than the worker's max_output_tokens
-    max_output_tokens: int | None = None
+    max_output_tokens: int | None = None  # the model's or profile's output cap, when tighter than the worker's
     # the last message is the start of the assistant's answer (a prefill such as "{"): the
     # template renders it open, and the answer is its continuation
     continue_final_message: bool = False
@@ -215,6 +214,7 @@ class AddRequest(Message):
     # the model's or profile's speculation (protocol.settings.SPECULATIONS); None: the worker's setting
     speculation: str | None = None
     reasoning_budget: int | None = None  # most reasoning tokens before the worker closes the span; None: any
+    images: list[bytes] | None = None  # the images of `messages`' {"type": "image"} parts, in order
 
 
 @dataclass

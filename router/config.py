@@ -109,6 +109,13 @@ class RouterConfig:
         "most messages (or Responses input items, history included) one request may hold (400 above it); a "
         "long agent session has hundreds, and each one costs the template renderer time",
     )
+    allow_image_urls: bool = setting(
+        False,
+        "fetch an image given by an http(s) URL (off: only data: URLs and base64 images are taken; a prompt "
+        "that names a URL would otherwise make this server reach out for it)",
+    )
+    max_images: int = setting(8, "most images one request may hold (400 above it)")
+    max_image_bytes: int = setting(20 << 20, "largest image accepted, in bytes once decoded (400 above it)")
     stream_send_timeout_s: float = setting(
         60.0,
         "how long a write to a client may wait for it to read (a stalled client holds at most the socket's "

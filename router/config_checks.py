@@ -17,7 +17,7 @@ from router.model_aliases import DEFAULT_TARGET
 from router.model_settings import ModelSettings
 from router.profiles import Profile, check_model_name, check_profile, split_model_name
 
-POSITIVE = ("sse_keepalive_s", "max_body_bytes", "max_messages", "stream_send_timeout_s", "heartbeat_s",
+POSITIVE = ("sse_keepalive_s", "max_body_bytes", "max_messages", "max_images", "max_image_bytes", "stream_send_timeout_s", "heartbeat_s",
             "ping_timeout_s", "load_timeout_s", "restart_backoff_s", "restart_backoff_max_s", "max_start_failures")
 NON_NEGATIVE = ("hot_tier_bytes", "shutdown_drain_s", "kill_after_s", "memory_budget_bytes", "idle_timeout_s",
                 "log_max_bytes")

@@ -28,6 +28,7 @@ from starlette.responses import Response
 from protocol.errors import ProtocolError, RequestError
 from protocol.messages import ErrorEvent, FinishEvent, Message, Ready
 from router.call_memory import CallMemory, GeneratedAnswer, mark_history
+from router.images import check_model_sees, pull_images, resolved
 from router.json_body import parse_json_body
 from router.model_settings import speculation, tool_call_grammar, tool_text_recovery
 from router.pending_streams import PendingStream
@@ -74,6 +75,13 @@ async def stream(request: Request, dialect: Dialect) -> Response:
     request.state.model = model_id  # the `model` label of mlxd_requests_total (router.metrics_route)
     parsed = dialect.parse(body, profile)
     _check_num_messages(parsed, request.app.state.config.max_messages)
+    messages, images = pull_images(parsed.add.messages)
+    if images:
+        parsed.add.messages = messages
+        parsed = dataclasses.replace(parsed, images=images)
+        config = request.app.state.config
+        parsed.add.images = await resolved(parsed.images, max_images=config.max_images,
+                                           max_bytes=config.max_image_bytes, allow_urls=config.allow_image_urls)
     request.state.request_id = parsed.add.request_id  # the response's x-request-id (router.middleware.request_id)
     parsed.add.max_output_tokens = pool.config.output_cap_for(model_id, profile)
     settings = pool.config.settings_for(model_id)
@@ -147,6 +155,7 @@ def _forward(request: Request, dialect: Dialect, parsed: ParsedRequest, model_id
     pool.last_used[model_id] = time.time()
     if supervisor.ready is not None:
         check_against_model(parsed, supervisor.ready)
+        check_model_sees(parsed.images, supervisor.ready, parsed.model)
         if dialect.bind is not None:
             parsed = dialect.bind(parsed, supervisor.ready)
         if parsed.kind != "text":

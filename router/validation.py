@@ -37,6 +37,7 @@ class ParsedRequest:
     sent: frozenset[str] = frozenset()
     # the reasoning span of the model its worker serves (router.reasoning_split), bound with the worker
     reasoning: Any = None
+    images: tuple[Any, ...] = ()  # its image parts (router.images.ImageRef), in order; their bytes go in `add`
 
 
 def bad(param: str | None, message: str, code: str | None = None) -> RequestError:

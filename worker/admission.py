@@ -26,10 +26,11 @@ from worker.message_at_token import locate
 from worker.miss_reasons import explain
 from worker.prefix_cache import PrefixCache, PrefixPlan
 from worker.prompt_preparer import PreparedPrompt
-from worker.prompts import render_chat, render_completion
+from worker.prompts import render_chat, render_chat_text, render_completion
 from worker.reasoning_budget import ReasoningBudget
 from worker.reasoning_span import ReasoningSpan
 from worker.reasoning_template import detect_reasoning, thinking_switch
+from worker.vision_model import ImageEncoder
 from worker.request_limits import check_logit_bias, check_prompt_cap, context_window, max_new_tokens
 from worker.sampling import RequestSampler, greedy, make_request_processors, make_request_sampler
 from worker.vocabulary import TokenVocabulary
@@ -65,10 +66,12 @@ class Admitter:
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int], context_length: int,
                  max_token_chars: int, settings: WorkerSettings, prefix_cache: PrefixCache,
-                 grammar_batch: GrammarBatch | None = None) -> None:
+                 grammar_batch: GrammarBatch | None = None, images: ImageEncoder | None = None) -> None:
         """`grammar_batch`, if given, prepares the masks of every constrained sequence a
-        decode step runs (the engine's; see `GrammarBatch`)."""
+        decode step runs (the engine's; see `GrammarBatch`); `images`: a vision model's
+        processor and tower, which turn a chat's images into prompt tokens."""
         self._tokenizer = tokenizer
+        self._images = images
         self._grammar_batch = grammar_batch
         self._vocabulary = TokenVocabulary(tokenizer, vocab_size, eos_token_ids)
         self._grammars = GrammarCompiler(self._vocabulary)
@@ -110,7 +113,9 @@ class Admitter:
     def rendered_ids(self, request: AddRequest) -> list[int]:
         """The request's prompt as token ids, however long: what `prompt_ids` admits, and
         what a token count reports (a count never refuses a prompt for its length)."""
-        if request.messages is not None:
+        if request.images:
+            ids = self._image_prompt(request)
+        elif request.messages is not None:
             ids = render_chat(self._tokenizer, request.messages, request.tools, request.continue_final_message,
                               layout=self.layout(request), vocab_size=self._vocab_size,
                               switches=thinking_switch(self._tokenizer, request.reasoning_budget))
@@ -121,6 +126,19 @@ class Admitter:
         if not ids:
             raise RequestError("the prompt is empty", param="prompt")
         return ids
+
+    def _image_prompt(self, request: AddRequest) -> list[int]:
+        """A chat with images: rendered to text, then tokenized by the model's processor, each
+        image's run of tokens carrying that image's own ids (worker/image_tokens.py)."""
+        if self._images is None:
+            raise RequestError("this model reads text only: send the request without images, or to a vision "
+                               "model", param="messages", code="images_not_supported")
+        if request.messages is None:
+            raise RequestError("images go in chat messages", param="prompt")
+        text = render_chat_text(self._tokenizer, request.messages, request.tools, request.continue_final_message,
+                                layout=self.layout(request),
+                                switches=thinking_switch(self._tokenizer, request.reasoning_budget))
+        return self._images.prompt_ids(text, request.images or [])
 
     def prepare(self, request: AddRequest) -> PreparedPrompt:
         """Tokenize, compile the output constraint and read the prompt's cached blocks
@@ -217,7 +235,7 @@ class Admitter:
         breakpoints = prepared.breakpoints if prepared is not None else self.breakpoints(request, prompt_ids)
         speculation = request.speculation or self._config.speculation
         speculate = (speculation in (PROMPT_LOOKUP, DRAFT_MODEL) and (sampler is greedy or isinstance(sampler, RequestSampler))
-                     and all(p is grammar for p in processors))  # a grammar drafts as far as its free_ahead
+                     and all(p is grammar for p in processors) and not request.images)  # image ids are not text  # a grammar drafts as far as its free_ahead
         return Admission(prompt_ids, max_tokens, sampler, processors, grammar, logprobs, breakpoints,
                          speculate=speculate, draft_model=speculate and speculation == DRAFT_MODEL,
                          span=self._span(request))

@@ -72,7 +72,7 @@ class Engine:
         self.clock = StepClock()
         self._pacer = PrefillPacer(settings.prefill_chunk_tokens)
         self._admitter = Admitter(self._tokenizer, self._vocab_size, self.eos_token_ids, self.context_length,
-                                  self.max_token_chars, settings, prefix_cache, self._grammar_batch)
+                                  self.max_token_chars, settings, prefix_cache, self._grammar_batch, loaded.images)
         self.questions = PromptQuestions(self._admitter, prefix_cache)  # the tokenizer thread's, not the batch's
         self._early_first_token = EarlyFirstToken(self.eos_token_ids)
         self._fast_prefill_since_step = False

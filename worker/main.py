@@ -162,6 +162,7 @@ def _serve(channel: RouterChannel, config: WorkerConfig, blas: str, lifecycle: L
         reasoning_open=reasoning[0],
         reasoning_close=reasoning[1],
         reasoning_opens_in_prompt=reasoning[2],
+        vision=loaded.images is not None,
     ))
     preparer = PromptPreparer(engine.questions.prepare, count=engine.questions.count_tokens)
     try:

@@ -20,11 +20,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
+from mlx_lm.utils import load_model, load_tokenizer
 
 from protocol.context_window import declared_context_length
 from worker.cpu_kernels import install as install_cpu_kernels
 from worker.cpu_kernels import pack_quantized_panels, serves_quantized
 from worker.fused_projections import fuse_sibling_projections
+from worker.image_tokens import ImageTable
+from worker.image_tokens import install as install_image_embedding
+from worker.vision_model import ImageEncoder, is_vision_dir, text_classes
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ class LoadedModel:
     fingerprint: bytes
     attention: str = "mlx"  # what runs attention and SwiGLU (worker.cpu_kernels)
     quantization: str = "none"  # what stayed quantized: "4-bit g32: 210 layers, 8-bit g32: 1 layer"
+    images: Any = None  # a vision model's ImageEncoder (worker/vision_model.py), else None
 
 
 def _float_weight(module: nn.Module, dtype: mx.Dtype) -> mx.array:
@@ -166,7 +171,12 @@ def load_for_serving(path: str | Path, dtype: str = "auto", fuse_projections: bo
     bits; `fuse_projections=False` keeps them apart, for tests that compare the two).
     """
     start = time.perf_counter()
-    model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
+    vision = is_vision_dir(path)
+    if vision:  # its language model, as the mlx-lm class its text config names
+        model, config = load_model(Path(path), get_model_classes=text_classes)
+        tokenizer = load_tokenizer(Path(path), eos_token_ids=config.get("eos_token_id"))
+    else:
+        model, tokenizer, config = mlx_lm_load(str(path), return_config=True)
     attention = install_cpu_kernels()  # after the load, so the model's module is imported
     effective = choose_dtype(dtype)
     if effective in _DTYPES:
@@ -183,6 +193,12 @@ def load_for_serving(path: str | Path, dtype: str = "auto", fuse_projections: bo
         log.info("quantized layers served as they are: %s (%d weights in panels for the kernels; %d q/k/v and "
                  "gate/up groups fused)", quantization, packed, fused)
     mx.eval(model.parameters())
+    images = None
+    if vision:  # after every conversion: the image embedding wraps the final token embedding
+        table = ImageTable(config["text_config"]["vocab_size"])
+        install_image_embedding(model, table)
+        images = ImageEncoder(path, model, table)
+        log.info("vision model: images go through %s's tower and processor", config.get("model_type"))
     weights_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     context = declared_context_length(config)
     if effective == "native":
@@ -200,4 +216,5 @@ def load_for_serving(path: str | Path, dtype: str = "auto", fuse_projections: bo
         fingerprint=model_fingerprint(Path(path), effective, attention, quantization),
         attention=attention,
         quantization=quantization,
+        images=images,
     )

@@ -21,6 +21,7 @@ from protocol.messages import AddRequest, CountTokens, TokenCount
 from router.api import anthropic_messages
 from router.api.anthropic_errors import answer_error
 from router.call_memory import mark_history
+from router.images import inline_images
 from router.json_body import parse_json_body
 from router.children.pool import WorkerPool
 from router.profiles import Profile
@@ -55,6 +56,7 @@ async def _count(request: Request) -> Response:
     model_id, profile = pool.resolve(model_name(body))
     request.state.model = model_id  # the `model` label of mlxd_requests_total
     add = count_request(body, profile, pool.config.normalize_billing_header)
+    inline_images(add)
     mark_history(request.app.state, model_id, add)  # exact: rendered as a generation of this body would be
     answer = await ask(request, model_id, CountTokens(add), TokenCount)  # the tokenizer lives in the worker
     assert answer is not None  # asked with load: a model that cannot answer raises

@@ -37,6 +37,7 @@ from router.tool_calls import AUTO, FUNCTION, NONE, REQUIRED
 from router.tool_calls.offer import OfferedTool, ToolChoice, offer_tools
 from router.requests import Dialect, model_name, stream
 from router.reasoning_request import anthropic_budget
+from router.images import ImageRef, anthropic_image, content_chars, joined_turns, user_content
 from router.validation import (
     MAX_STOP_STRINGS,
     MAX_TOKENS_LIMIT,
@@ -148,7 +149,7 @@ def _user_messages(content: Any, where: str,
     those messages: a tool result's on its whole message, any other's on the user text up
     to its block (or, before any text, on the last result)."""
     results: list[dict[str, Any]] = []
-    texts: list[str] = []
+    texts: list[str | ImageRef] = []
     result_marks: list[Mark] = []
     text_points: list[tuple[int, int]] = []  # (characters of the user text up to the block, TTL)
     for j, block in enumerate(_blocks(content, where)):
@@ -156,8 +157,7 @@ def _user_messages(content: Any, where: str,
         if kind == "text":
             texts.append(_block_text(block, spot))
         elif kind == "image":
-            _note_dropped("image", "messages")
-            texts.append(IMAGE_TEXT)
+            texts.append(anthropic_image(block, spot))
         elif kind == "tool_result":
             call_id = block.get("tool_use_id")
             if not isinstance(call_id, str):
@@ -172,12 +172,12 @@ def _user_messages(content: Any, where: str,
         if ttl is None:
             continue
         if kind != "tool_result" and texts:
-            text_points.append((len("\n".join(texts)), ttl))
+            text_points.append((content_chars(texts), ttl))
         elif results:
             result_marks.append((len(results) - 1, WHOLE, ttl))
     marks = result_marks + [(len(results), chars, ttl) for chars, ttl in text_points]  # the text follows the results
     if texts or not results:
-        results.append({"role": "user", "content": "\n".join(texts)})
+        results.append({"role": "user", "content": user_content(texts)})
     return results, marks
 
 
@@ -265,13 +265,12 @@ def read_messages(body: dict[str, Any], normalize_billing_header: bool = True,
             placed = []  # per message of `out`: (its turn, where its text starts in that turn)
             for turn in out:
                 if turn["role"] == "user" and turns and turns[-1]["role"] == "user":
-                    before = turns[-1]["content"]
-                    turns[-1]["content"] = "\n\n".join(t for t in (before, turn["content"]) if t)
-                    placed.append((len(turns) - 1, len(before) + 2 if before else 0))
+                    turns[-1]["content"], start = joined_turns(turns[-1]["content"], turn["content"])
+                    placed.append((len(turns) - 1, start))
                 else:
                     turns.append(turn)
                     placed.append((len(turns) - 1, 0))
-            marks += [(placed[k][0], chars if chars == WHOLE else placed[k][1] + chars, ttl)
+            marks += [(placed[k][0], chars if WHOLE in (chars, placed[k][1]) else placed[k][1] + chars, ttl)
                       for k, chars, ttl in in_turns]
         elif role == "assistant":
             turns.append(_assistant_message(message.get("content"), where))

@@ -17,6 +17,7 @@ from router.api.openai_common import OPENAI_SAMPLING_NAMES, cache_salt, stream_f
 from router.api.openai_tool_calls import ChatRequest, bind, parse_tools
 from router.api.response_format import parse_response_format
 from router.api.unknown_fields import OPENAI_CHAT_FIELDS, note_unknown_fields
+from router.images import from_url, image_part
 from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import ParsedRequest, bad, parse_sampling, short
@@ -25,25 +26,33 @@ from router.reasoning_request import effort_budget
 MESSAGE_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def _content_text(content: Any, where: str) -> str:
-    """Message content (a string or a list of text parts) as one string."""
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """Message content (a string or a list of parts) as one string, or, when it holds
+    images (`image_url` parts: router/images.py), as text and image parts in order."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad("messages", f"'{where}' must be a string or a list of content parts")
-    texts = []
+    parts: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         if not isinstance(part, dict):
             raise bad("messages", f"'{where}[{j}]' must be an object")
+        if part.get("type") == "image_url":
+            url = part.get("image_url")
+            parts.append(image_part(from_url(url.get("url") if isinstance(url, dict) else url, f"{where}[{j}]",
+                                             "messages")))
+            continue
         if part.get("type") != "text":
-            raise bad("messages", f"'{where}[{j}].type' is {part.get('type')!r}: only 'text' content "
-                      "parts are supported")
+            raise bad("messages", f"'{where}[{j}].type' is {part.get('type')!r}: only 'text' and 'image_url' "
+                      "content parts are supported")
         if not isinstance(part.get("text"), str):
             raise bad("messages", f"'{where}[{j}].text' must be a string")
-        texts.append(part["text"])
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": part["text"]})
+    if all(part["type"] == "text" for part in parts):
+        return "\n".join(part["text"] for part in parts)
+    return parts
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,7 +79,7 @@ def _template_message(message: dict[str, Any], i: int) -> dict[str, Any]:
     unknown role verbatim, Qwen's would drop its default system prompt beside it)."""
     role = "system" if message["role"] == "developer" else message["role"]
     out: dict[str, Any] = {"role": role,
-                           "content": _content_text(message.get("content"), f"messages[{i}].content")}
+                           "content": _content(message.get("content"), f"messages[{i}].content")}
     for key in ("name", "tool_call_id", "reasoning_content", "thinking"):
         value = message.get(key)
         if value is None:

@@ -34,6 +34,7 @@ from router.api.unknown_fields import note_unknown_fields
 from router.profiles import Profile, sent_parameters, with_profile
 from router.requests import Dialect, model_name, stream
 from router.validation import MAX_TOKENS_LIMIT, bad, flag, integer, optional_str, parse_sampling, short
+from router.images import ImageRef, from_url, user_content
 from router.reasoning_request import responses_budget
 
 logger = logging.getLogger(__name__)
@@ -64,31 +65,35 @@ def _note_dropped(what: str, kind: str) -> None:
 
 
 # --- input items -> chat-template messages
-def _text_parts(content: Any, where: str, *, drop_others: bool = False) -> str:
-    """A string, or a list of text parts (`input_text`, `output_text`, `refusal`) joined.
-    Other parts (images, files) are refused, or with `drop_others` left out (a tool's
-    output keeps its text when a text model cannot see its image)."""
+def _text_parts(content: Any, where: str, *, drop_others: bool = False) -> str | list[dict[str, Any]]:
+    """A string, or a list of text parts (`input_text`, `output_text`, `refusal`) joined,
+    with `input_image` parts as images (router/images.py: then text and image parts).
+    Other parts (files) are refused, or with `drop_others` left out with images too (a
+    tool's output keeps its text)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad("input", f"'{where}' must be a string or a list of content parts")
-    texts = []
+    items: list[str | ImageRef] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        if kind == "input_image" and not drop_others:
+            items.append(from_url(part.get("image_url"), f"{where}[{j}].image_url", "input"))
+            continue
         if key is None:
             if drop_others and isinstance(kind, str):
                 _note_dropped("content part", kind)
                 continue
             raise bad("input", f"'{where}[{j}].type' is {short(kind)}: only text parts "
-                      f"({', '.join(TEXT_PARTS)}) are supported")
+                      f"({', '.join(TEXT_PARTS)}) and input_image are supported")
         text = part.get(key)
         if not isinstance(text, str):
             raise bad("input", f"'{where}[{j}].{key}' must be a string")
-        texts.append(text)
-    return "\n".join(texts)
+        items.append(text)
+    return user_content(items)
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from router.api.dialect_entry import DialectEntry
 from router.api.openai_format import misses_body
 from router.api.registry import prompt_dialects
 from router.call_memory import mark_history
+from router.images import inline_images
 from router.json_body import parse_json_body
 from router.children.pool import WorkerPool
 from router.requests import ask, model_name
@@ -62,6 +63,7 @@ def prompt_request(request: Request, pool: WorkerPool, body: dict[str, Any],
     assert dialect.prompt is not None  # prompt_dialects() holds only those with one
     add = dialect.prompt(request, fields, profile)
     add.request_id = f"cache-{uuid.uuid4().hex[:24]}"
+    inline_images(add)
     mark_history(request.app.state, model_id, add)  # as a generation of this body renders it
     return model_id, dialect.name, add
 

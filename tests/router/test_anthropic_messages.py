@@ -11,6 +11,7 @@ import pytest
 from protocol.errors import RequestError
 from router.api.anthropic_messages import chat_messages, parse
 from router.api.billing_header import without_billing_lines
+from router.images import pull_images
 from router.tool_calls import FUNCTION, REQUIRED
 
 BILLING = "x-anthropic-billing-header: cc_version=2.1.332.500; cc_entrypoint=cli; cch=a1b2c;"
@@ -52,7 +53,9 @@ def test_the_billing_block_is_kept_when_normalisation_is_off() -> None:
 
 def test_history_blocks_become_calls_results_and_text() -> None:
     request = body(messages=[
-        {"role": "user", "content": [{"type": "text", "text": "read it"}, {"type": "image", "source": {}}]},
+        {"role": "user", "content": [{"type": "text", "text": "read it"},
+                                     {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": "iVBORw0KGgo="}}]},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "hm", "signature": "sig"}, {"type": "redacted_thinking", "data": "x"},
             {"type": "text", "text": "Reading."},
@@ -65,9 +68,11 @@ def test_history_blocks_become_calls_results_and_text() -> None:
             {"type": "brand_new_block", "x": 1}]},
     ])
     messages, prefill = chat_messages(request)
-    assert prefill == ""
+    messages, images = pull_images(messages)
+    assert prefill == "" and [(i.where, i.data) for i in images] == [("messages[0].content[1].source",
+                                                                     b"\x89PNG\r\n\x1a\n")]
     assert messages == [
-        {"role": "user", "content": "read it\n[image]"},
+        {"role": "user", "content": [{"type": "text", "text": "read it"}, {"type": "image"}]},
         {"role": "assistant", "content": "Reading.", "reasoning_content": "hm", "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "Read", "arguments": '{"path": "a.txt"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1",

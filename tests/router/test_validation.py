@@ -84,7 +84,9 @@ def test_bad_chat_parameter_is_named(body: dict[str, Any], param: str) -> None:
 
 @pytest.mark.parametrize("messages, where", [
     ([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "image_url"}]}],
-     "'messages[1].content[0].type' is 'image_url'"),
+     "'messages[1].content[0]' must be an image URL"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": [{"type": "input_audio"}]}],
+     "'messages[1].content[0].type' is 'input_audio'"),
     ([{"role": "bot", "content": "a"}], "'messages[0].role' must be one of"),
 ])
 def test_message_errors_point_at_the_exact_spot(messages: list[Any], where: str) -> None:
