@@ -37,7 +37,7 @@ class TableImage:
     """One image: its ids and how to compute its features (`encode`: () -> (n, dim))."""
 
     ids: list[int]
-    encode: Callable[[], mx.array]
+    encode: Callable[[], mx.array] | None  # dropped once used: it holds the image's pixels
     features: mx.array | None = None
 
     def __post_init__(self) -> None:
@@ -45,7 +45,10 @@ class TableImage:
 
     def computed(self) -> mx.array:
         if self.features is None:
+            assert self.encode is not None
             self.features = self.encode()
+            mx.eval(self.features)
+            self.encode = None
         return self.features
 
 

@@ -95,4 +95,13 @@ def test_refusals_are_400s_naming_the_part(client: openai.OpenAI, service: Servi
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": base64.b64encode(b"not a picture").decode()}}]}])
     assert "not an image" in broken.value.message
+    with pytest.raises(openai.BadRequestError) as responses_text_only:
+        client.responses.create(model=TEXT, max_output_tokens=4, input=[{"role": "user", "content": [
+            {"type": "input_image", "image_url": data_url(1)}]}])
+    assert "'input[0].content[0].image_url' is an image" in responses_text_only.value.message
+    with pytest.raises(anthropic.BadRequestError) as messages_text_only:
+        claude.messages.create(model=TEXT, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png(1)).decode()}}]}])
+    assert "reads text only" in messages_text_only.value.message
     assert look(client, 1)[0]  # the service serves on

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from tests.integration.service import Service, running_service
+from tests.integration.test_anthropic_messages import CLIENTS, shortened, stream_raw
 from tests.integration.test_pool import make_tiny_dir
 
 pytestmark = pytest.mark.timeout(600)
@@ -126,3 +127,25 @@ def test_a_budget_closes_the_span_and_the_model_answers(client: openai.OpenAI, s
     assert 0 < spent < none.usage.completion_tokens  # the close it was given is the span's; the answer is not
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, reasoning_effort="extreme")
+
+
+@pytest.mark.parametrize("capture", ["claude-code-messages-thinking-block-in-history",
+                                     "anthropic-python-messages-stream-tools-thinking"])
+def test_captured_thinking_bodies_stream_a_thinking_block_and_a_budget_closes_it(service: Service,
+                                                                                capture: str) -> None:
+    """The captured bodies as their clients sent them (headers, `thinking` enabled, Claude
+    Code's thinking block with another server's signature in the history), on this model
+    and cut to 24 tokens: the answer streams a thinking block with its signature; with a
+    budget of 4 the span closes and the model answers after it."""
+    recorded = json.loads((CLIENTS / f"{capture}.json").read_text())
+    headers = {k: v for k, v in recorded["headers"].items()
+               if k.lower() not in ("content-length", "host", "accept-encoding")}
+    for budget in (None, 4):
+        body = {**shortened(recorded["body"]), "model": MODEL, "max_tokens": 24, "temperature": 0}
+        if budget is not None:
+            body["thinking"] = {**body["thinking"], "budget_tokens": budget}
+        events = stream_raw(service, body, recorded["path"], headers)
+        starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+        deltas = [e["delta"]["type"] for e in events if e["type"] == "content_block_delta"]
+        assert starts[0] == "thinking" and "thinking_delta" in deltas and "signature_delta" in deltas, events
+        assert (len(starts) > 1) == (budget is not None), starts  # closed by the budget: an answer follows
