@@ -81,3 +81,34 @@ def test_a_text_model_refuses_images_naming_the_first_part() -> None:
     assert "'messages[0].content[0]' is an image" in raised.value.message and raised.value.param == "messages"
     check_model_sees(refs(2), SimpleNamespace(vision=True), "vlm")
     check_model_sees((), ready, "smollm2")
+
+
+def test_an_allowed_url_is_fetched_and_a_dead_one_is_a_400() -> None:
+    import http.server
+    import threading
+
+    class Picture(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+            self.send_response(200 if self.path == "/a.png" else 404)
+            self.end_headers()
+            self.wfile.write(PNG if self.path == "/a.png" else b"")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Picture)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        content = [{"type": "image_url", "image_url": {"url": f"{base}/a.png"}}]
+        images = pull_images(chat(content).add.messages)[1]
+        assert asyncio.run(resolved(images, max_images=8, max_bytes=1 << 20, allow_urls=True)) == [PNG]
+        with pytest.raises(RequestError) as too_big:
+            asyncio.run(resolved(images, max_images=8, max_bytes=8, allow_urls=True))
+        assert too_big.value.code == "image_too_large"
+        dead = pull_images(chat([{"type": "image_url", "image_url": {"url": f"{base}/gone.png"}}]).add.messages)[1]
+        with pytest.raises(RequestError) as missing:
+            asyncio.run(resolved(dead, max_images=8, max_bytes=1 << 20, allow_urls=True))
+        assert missing.value.status == 400 and missing.value.code == "image_fetch_failed"
+    finally:
+        server.shutdown()
