@@ -21,6 +21,7 @@ import jsonschema
 import openai
 import pytest
 
+from tests.added_tokens import SMOLLM2_VOCAB, add_tokens
 from tests.integration.service import Service, running_service
 from tests.integration.test_template_tool_calls import TEMPLATES
 from tests.integration.test_pool import make_tiny_dir
@@ -38,19 +39,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 OPENERS = {"hermes": ["<tool_call>", "</tool_call>"], "llama3_json": ["<|python_tag|>"],
            "mistral": ["[TOOL_CALLS]"], "mlxd": ["<tool_call>", "</tool_call>"]}
-VOCAB = 49152  # SmolLM2's; the openers are added after it
-
-
-def _add_tokens(target: Path, tokens: list[str], special: bool) -> None:
-    tokenizer = json.loads((target / "tokenizer.json").read_text())
-    config = json.loads((target / "tokenizer_config.json").read_text())
-    for i, content in enumerate(tokens):
-        entry = {"id": VOCAB + i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-                 "normalized": False, "special": special}
-        tokenizer["added_tokens"].append(entry)
-        config.setdefault("added_tokens_decoder", {})[str(VOCAB + i)] = {k: v for k, v in entry.items() if k != "id"}
-    (target / "tokenizer.json").write_text(json.dumps(tokenizer))
-    (target / "tokenizer_config.json").write_text(json.dumps(config))
+VOCAB = SMOLLM2_VOCAB  # the openers are added after it
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +57,7 @@ def models(default_model_dir: Path, qwen_model_dir: Path, tmp_path_factory: pyte
         if template is not None:  # else SmolLM2's own, which renders no tools: mlxd's fallback
             config["chat_template"] = template
         config_path.write_text(json.dumps(config))
-        _add_tokens(target, OPENERS[dialect], special=dialect in ("llama3_json", "mistral"))
+        add_tokens(target, OPENERS[dialect], special=dialect in ("llama3_json", "mistral"))
     return models
 
 

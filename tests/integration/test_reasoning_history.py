@@ -19,8 +19,9 @@ import anthropic
 import openai
 import pytest
 
+from tests.added_tokens import SMOLLM2_VOCAB as VOCAB
+from tests.added_tokens import add_tokens
 from tests.integration.service import Service, running_service
-from tests.integration.test_lazy_call_grammar import VOCAB, _add_tokens
 from tests.integration.test_pool import make_tiny_dir
 from tests.worker import chat_templates
 
@@ -43,7 +44,7 @@ def service(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     config = json.loads((target / "tokenizer_config.json").read_text())
     config["chat_template"] = chat_templates.thinking(opens_in_prompt=True)
     (target / "tokenizer_config.json").write_text(json.dumps(config))
-    _add_tokens(target, ["<tool_call>", "</tool_call>"], special=False)
+    add_tokens(target, ["<tool_call>", "</tool_call>"], special=False)
     home = tmp_path_factory.mktemp("home")
     (home / "config.toml").write_text(f'[profiles."{PROFILE}"]\nreasoning_budget = 3\n')
     with running_service(["--model-dir", str(models), "--model", MODEL, "--no-cold-tier"], home) as svc:

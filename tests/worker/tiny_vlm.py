@@ -15,12 +15,14 @@ import json
 import shutil
 from pathlib import Path
 
+from tests.added_tokens import SMOLLM2_VOCAB, add_tokens
+
 IMAGE_SIZE = 64  # pixels a side: the processor resizes every image to this
 PATCH = 16
 SCALE = 2  # the connector's pixel shuffle
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH) ** 2 // SCALE**2  # image tokens per image
 ADDED = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
-VOCAB = 49152  # SmolLM2's; the added tokens follow
+VOCAB = SMOLLM2_VOCAB  # the added tokens follow
 TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
             "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
             "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>"
@@ -78,16 +80,9 @@ def make_tiny_vlm(target: Path, smollm2_dir: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         if (smollm2_dir / name).exists():
             shutil.copy(smollm2_dir / name, target / name)
-    tokenizer = json.loads((target / "tokenizer.json").read_text())
+    add_tokens(target, ADDED, special=True)
     tok_config = json.loads((target / "tokenizer_config.json").read_text())
-    for i, content in enumerate(ADDED):
-        entry = {"id": VOCAB + i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-                 "normalized": False, "special": True}
-        tokenizer["added_tokens"].append(entry)
-        tok_config.setdefault("added_tokens_decoder", {})[str(VOCAB + i)] = {k: v for k, v in entry.items()
-                                                                            if k != "id"}
     tok_config["chat_template"] = TEMPLATE
-    (target / "tokenizer.json").write_text(json.dumps(tokenizer))
     (target / "tokenizer_config.json").write_text(json.dumps(tok_config))
     (target / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Idefics3ImageProcessor", "processor_class": "SmolVLMProcessor",
