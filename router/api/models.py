@@ -38,6 +38,7 @@ def _card(pool: WorkerPool, name: str) -> dict[str, Any]:
         if kind == "chat":
             extra["tool_dialect"] = supervisor.ready.tool_dialect
             extra["reasoning"] = reasoning_info(supervisor.ready)
+            extra["vision"] = supervisor.ready.vision  # its requests may carry images
             requested = (profile.prompt_layout if profile is not None else None) or pool.config.worker.prompt_layout
             extra["prompt_layout"] = layout_in_effect(requested, supervisor.ready.tools_first)
         if supervisor.ready.dimensions:

@@ -94,6 +94,7 @@ class WorkerSupervisor(ChildSupervisor):
             if self.ready.kind == "chat":
                 info["tool_dialect"] = self.ready.tool_dialect
                 info["reasoning"] = reasoning_info(self.ready)
+                info["vision"] = self.ready.vision
                 info["prompt_layout"] = layout_in_effect(self.config.worker.prompt_layout, self.ready.tools_first)
             if self.ready.dimensions:
                 info["dimensions"] = self.ready.dimensions

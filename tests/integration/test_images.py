@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -54,6 +55,13 @@ def look(client: openai.OpenAI, seed: int, model: str = VLM) -> tuple[str, int, 
                                      {"type": "text", "text": "What is in this picture?"}]}])
     usage = answer.usage
     return answer.choices[0].message.content or "", usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+
+
+def test_the_model_list_says_which_model_sees(client: openai.OpenAI, service: Service) -> None:
+    look(client, 1)
+    cards = {m["id"]: m for m in httpx.get(f"{service.base_url}/v1/models").json()["data"]}
+    assert cards[VLM]["vision"] is True
+    assert httpx.get(f"{service.base_url}/health").json()["workers"][VLM]["vision"] is True
 
 
 def test_the_same_picture_hits_the_cache_and_another_does_not(client: openai.OpenAI) -> None:
