@@ -18,7 +18,12 @@ from tests.integration.service import Service
 pytestmark = pytest.mark.timeout(900)
 
 TARGET, DRAFT, SMOL = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "SmolLM2-135M-Instruct"
+# the SmolLM2 refusal must come back as an HTTP status: a request that waits for its model
+# longer than sse_keepalive_s has its 200 sent (with keep-alives) before the load fails,
+# which a busy machine reached (an 11 s load under CI's load, against the default 10 s)
 CONFIG = f"""
+sse_keepalive_s = 300.0
+
 [models."{TARGET}"]
 draft_model = "{DRAFT}"
 
