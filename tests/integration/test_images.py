@@ -58,7 +58,7 @@ def look(client: openai.OpenAI, seed: int, model: str = VLM) -> tuple[str, int, 
 
 
 def test_the_model_list_says_which_model_sees(client: openai.OpenAI, service: Service) -> None:
-    look(client, 7)  # loads the model (a picture no other test sends: the next test starts cold)
+    look(client, 7)  # loads the model, with a picture no other test sends
     cards = {m["id"]: m for m in httpx.get(f"{service.base_url}/v1/models").json()["data"]}
     assert cards[VLM]["vision"] is True
     assert httpx.get(f"{service.base_url}/health").json()["workers"][VLM]["vision"] is True
@@ -68,7 +68,7 @@ def test_the_same_picture_hits_the_cache_and_another_does_not(client: openai.Ope
     first, prompt, cached = look(client, 1)
     again, _, cached_again = look(client, 1)
     other, _, cached_other = look(client, 2)
-    assert first == again and cached == 0 and cached_again >= prompt // 2
+    assert first == again and cached_again > cached and cached_again >= prompt // 2  # past the picture
     assert other != first  # the picture reaches the model
     assert cached_other < cached_again  # the text before the picture only
 
