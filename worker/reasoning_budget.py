@@ -37,7 +37,7 @@ class ReasoningBudget:
         self._calls += 1
         if self._calls > 1 and self._forcing < 0:  # the row's last token is one this request generated
             self._span.see(self._tokenizer.decode([int(tokens[-1].item())]).encode())
-        if self._forcing < 0 and (self._span.past or not self._span.inside):
+        if self._forcing < 0 and not self._span.inside:
             return logits  # before the span opens, or past it (closed by the model, or never opened)
         if self._forcing < 0 and self._spent >= self._budget:
             self._forcing = 0
